@@ -1,0 +1,202 @@
+"""Where a model can be cut: module FQNs in real execution order, found by running it once with hooks."""
+
+from __future__ import annotations
+
+import difflib
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from pipeline.errors import PipesplitError
+from pipeline.plan import SplitPlan, SplitPoint
+from pipeline.spec import ModelSpec
+
+GRANULARITIES = ("block", "layer")
+_CONTAINERS = (nn.Sequential, nn.ModuleList)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Candidates:
+    """The segments a model divides into at one granularity, and every module's place in execution order."""
+
+    model_key: str
+    granularity: str
+    blocks: tuple[str, ...]
+    """Segment starts in execution order; a cut is a ``BEGINNING`` at any of ``blocks[1:]``."""
+    events: tuple[str, ...]
+    """``B:fqn`` / ``E:fqn`` for the start and end of every module called exactly once, in order."""
+    units: tuple[tuple[str, int], ...]
+    """(module whose start a cut there would take, parameter+buffer elements), in order of first use."""
+
+    @property
+    def cuts(self) -> tuple[str, ...]:
+        return self.blocks[1:]
+
+    @property
+    def max_stages(self) -> int:
+        return len(self.blocks)
+
+    def position(self, point: SplitPoint) -> int:
+        """Index in ``events`` where the cut falls."""
+        return self._index()[("B:" if point.kind == "BEGINNING" else "E:") + point.fqn]
+
+    def segment_params(self) -> list[int]:
+        """Parameter+buffer elements of each block segment (what PiPPy's size rule balances)."""
+        idx = self._index()
+        starts = [idx["B:" + b] for b in self.blocks]
+        out = [0] * len(self.blocks)
+        for fqn, n in self.units:
+            pos = idx["B:" + fqn]
+            k = max(i for i, s in enumerate(starts) if s <= pos) if pos >= starts[0] else 0
+            out[k] += n
+        return out
+
+    def plan_points(self, cut_indices: list[int] | tuple[int, ...]) -> tuple[SplitPoint, ...]:
+        """Split points for cuts before ``blocks[i]`` (``i`` >= 1, increasing)."""
+        return tuple(SplitPoint(self.blocks[i], "BEGINNING") for i in cut_indices)
+
+    def _index(self) -> dict[str, int]:
+        cached = self.__dict__.get("_idx")
+        if cached is None:
+            cached = {e: i for i, e in enumerate(self.events)}
+            object.__setattr__(self, "_idx", cached)
+        return cached
+
+    def validate(self, plan: SplitPlan) -> None:
+        """Raise a one-line PipesplitError if ``plan``'s cuts cannot be made in this model."""
+        if plan.stages > self.max_stages:
+            raise PipesplitError(
+                f"{plan.stages} stages is too many for {plan.model.name}: it has {len(self.cuts)} cut points at "
+                f"{self.granularity} granularity, so at most {self.max_stages} stages; use fewer stages"
+                + (" or --granularity layer" if self.granularity == "block" else "")
+            )
+        idx = self._index()
+        positions = []
+        for p in plan.split_points:
+            key = ("B:" if p.kind == "BEGINNING" else "E:") + p.fqn
+            if key not in idx:
+                called = {e[2:] for e in self.events}
+                close = difflib.get_close_matches(p.fqn, sorted(called), n=3, cutoff=0.6)
+                hint = f" (did you mean {', '.join(close)}?)" if close else ""
+                raise PipesplitError(
+                    f"split point {p.fqn!r} is not a module that {plan.model.name} calls exactly once{hint}: "
+                    f"pick one of its candidates, e.g. {', '.join(self.cuts[:4])} ..."
+                )
+            positions.append(idx[key])
+        for (a, pa), (b, pb) in zip(zip(plan.split_points, positions), zip(plan.split_points[1:], positions[1:])):
+            if pb <= pa:
+                raise PipesplitError(
+                    f"split points out of execution order: {b.fqn} ({b.kind}) runs before {a.fqn} ({a.kind}); "
+                    "list them in the order the model runs"
+                )
+        leaves = {i for i, e in enumerate(self.events[:-1]) if e[0] == "B" and self.events[i + 1] == "E" + e[1:]}
+        bounds = [-1, *positions, len(self.events)]
+        for s, (lo, hi) in enumerate(zip(bounds, bounds[1:])):
+            if not any(lo < i < hi for i in leaves):
+                raise PipesplitError(
+                    f"stage {s} of the plan would run no module (between cut {lo} and {hi} of {plan.describe()}): "
+                    "move or drop a split point"
+                )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "model_key": self.model_key,
+            "granularity": self.granularity,
+            "blocks": list(self.blocks),
+            "events": list(self.events),
+            "units": [list(u) for u in self.units],
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Candidates:
+        return cls(
+            model_key=d["model_key"],
+            granularity=d["granularity"],
+            blocks=tuple(d["blocks"]),
+            events=tuple(d["events"]),
+            units=tuple((f, int(n)) for f, n in d["units"]),
+        )
+
+
+def _trace_calls(model: nn.Module, x: torch.Tensor) -> list[tuple[str, str]]:
+    events: list[tuple[str, str]] = []
+    handles = []
+    for name, mod in model.named_modules():
+        handles.append(mod.register_forward_pre_hook(lambda m, a, n=name: events.append(("B", n))))
+        handles.append(mod.register_forward_hook(lambda m, a, o, n=name: events.append(("E", n))))
+    try:
+        with torch.no_grad():
+            model(x)
+    finally:
+        for h in handles:
+            h.remove()
+    return events
+
+
+def _own_elements(mod: nn.Module) -> int:
+    return sum(p.numel() for p in mod.parameters(recurse=False)) + sum(b.numel() for b in mod.buffers(recurse=False))
+
+
+def find_candidates(model: nn.Module, spec: ModelSpec, granularity: str = "block") -> Candidates:
+    """Run ``model`` once on one sample and list where it can be cut at ``granularity``."""
+    if granularity not in GRANULARITIES:
+        raise PipesplitError(f"granularity {granularity!r} is unknown: use one of {', '.join(GRANULARITIES)}")
+    from pipeline.models import example_input
+
+    x = example_input(spec)[:1]
+    raw = _trace_calls(model, x)
+    counts = Counter(n for k, n in raw if k == "B")
+    once = [(k, n) for k, n in raw if counts[n] == 1 and n != ""]
+    events = tuple(f"{k}:{n}" for k, n in once)
+    order = {n: i for i, (k, n) in enumerate(once) if k == "B"}
+    modules = dict(model.named_modules())
+
+    def called_children(fqn: str) -> list[str]:
+        mod = modules[fqn] if fqn else model
+        kids = [f"{fqn}.{c}" if fqn else c for c, _ in mod.named_children()]
+        return sorted((k for k in kids if k in order), key=order.__getitem__)
+
+    def is_stack(fqn: str) -> bool:
+        """A container of same-type blocks run in order, or a stage holding one (Swin/ConvNeXt ``stages.i.blocks``)."""
+        mod = modules[fqn]
+        kids = called_children(fqn)
+        if isinstance(mod, _CONTAINERS):
+            return len(kids) >= 1 and len({type(modules[k]) for k in kids}) == 1
+        return any(isinstance(modules[k], _CONTAINERS) and len(called_children(k)) >= 2 and is_stack(k) for k in kids)
+
+    def expand(fqn: str) -> list[str]:
+        out: list[str] = []
+        for child in called_children(fqn):
+            out.extend(expand(child) if is_stack(child) else [child])
+        return out
+
+    blocks = expand("")
+    if granularity == "layer":
+        blocks = [leaf for b in blocks for leaf in (called_children(b) if len(called_children(b)) >= 2 else [b])]
+
+    def weight(fqn: str) -> int:
+        return sum(p.numel() for p in modules[fqn].parameters())
+
+    merged = [b for i, b in enumerate(blocks) if i == 0 or weight(b) > 0]
+
+    leaves = [n for i, (k, n) in enumerate(once[:-1]) if k == "B" and once[i + 1] == ("E", n)]
+    units: list[tuple[str, int]] = []
+    pending = _own_elements(model)
+    for k, n in once:
+        if k != "B":
+            continue
+        pending += _own_elements(modules[n])
+        if n in leaves and pending:
+            units.append((n, pending))
+            pending = 0
+    if pending and units:
+        last, cnt = units[-1]
+        units[-1] = (last, cnt + pending)
+    if len(merged) < 2:
+        raise PipesplitError(f"{spec.name} has no place to cut at {granularity} granularity: try --granularity layer")
+    return Candidates(
+        model_key=spec.key, granularity=granularity, blocks=tuple(merged), events=events, units=tuple(units)
+    )

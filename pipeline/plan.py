@@ -1,0 +1,158 @@
+"""SplitPlan: where to cut a model, how many microbatches, on which runtime; JSON in, JSON out."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pipeline.errors import PipesplitError
+from pipeline.spec import ModelSpec
+
+PLAN_VERSION = 1
+KINDS = ("BEGINNING", "END")
+BACKENDS = ("torch", "pippy")
+SCHEDULES = ("GPipe", "1F1B")
+DEVICES = ("cpu", "cuda")
+
+
+@dataclass(frozen=True)
+class SplitPoint:
+    """A cut before (``BEGINNING``) or after (``END``) the module ``fqn``: what ``annotate_split_points`` takes."""
+
+    fqn: str
+    kind: str = "BEGINNING"
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise PipesplitError(f"split point kind {self.kind!r} for {self.fqn!r} is unknown: use BEGINNING or END")
+        if not self.fqn:
+            raise PipesplitError("split point has an empty module name: give a module FQN such as blocks.6")
+
+    def to_dict(self) -> dict[str, str]:
+        return {"fqn": self.fqn, "kind": self.kind}
+
+    @classmethod
+    def parse(cls, text: str) -> SplitPoint:
+        """``blocks.6`` or ``blocks.6:END``, the CLI form."""
+        fqn, _, kind = text.strip().partition(":")
+        return cls(fqn.strip(), (kind.strip().upper() or "BEGINNING"))
+
+
+@dataclass(frozen=True, kw_only=True)
+class SplitPlan:
+    """One pipeline configuration to build and measure."""
+
+    model: ModelSpec
+    split_points: tuple[SplitPoint, ...]
+    """Cuts in execution order; ``len(split_points) + 1`` stages."""
+    chunks: int = 1
+    """Microbatches per batch; must divide the batch size."""
+    backend: str = "torch"
+    """``torch`` (torch.distributed.pipelining) or ``pippy`` (torchpippy)."""
+    schedule: str = "GPipe"
+    """A torch schedule name; forward-only inference runs GPipe and 1F1B alike."""
+    device: str = "cpu"
+    """``cpu`` (gloo) or ``cuda`` (NCCL, one GPU per stage)."""
+    threads_per_stage: int = 1
+    """Intra-op threads each stage process uses (CPU)."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "split_points", tuple(self.split_points))
+        if self.chunks < 1:
+            raise PipesplitError(f"chunks must be a positive integer (got {self.chunks})")
+        if self.model.batch_size % self.chunks:
+            ok = [c for c in range(1, self.model.batch_size + 1) if self.model.batch_size % c == 0]
+            raise PipesplitError(
+                f"chunks {self.chunks} does not divide batch size {self.model.batch_size}: use one of {ok}"
+            )
+        if self.backend not in BACKENDS:
+            raise PipesplitError(f"backend {self.backend!r} is unknown: use one of {', '.join(BACKENDS)}")
+        if self.schedule not in SCHEDULES:
+            raise PipesplitError(f"schedule {self.schedule!r} is not supported: use one of {', '.join(SCHEDULES)}")
+        if self.backend == "pippy" and self.schedule != "GPipe":
+            raise PipesplitError(f"torchpippy runs only GPipe here (got {self.schedule!r}): use --backend torch")
+        if self.device not in DEVICES:
+            raise PipesplitError(f"device {self.device!r} is unknown: use cpu or cuda")
+        if self.threads_per_stage < 1:
+            raise PipesplitError(f"threads per stage must be a positive integer (got {self.threads_per_stage})")
+        seen: set[tuple[str, str]] = set()
+        for p in self.split_points:
+            if (p.fqn, p.kind) in seen:
+                raise PipesplitError(f"split point {p.fqn}:{p.kind} is repeated: give each cut once")
+            seen.add((p.fqn, p.kind))
+
+    @property
+    def stages(self) -> int:
+        return len(self.split_points) + 1
+
+    def split_spec(self) -> dict[str, str]:
+        """FQN -> kind name, the dictionary both runtimes' ``annotate_split_points`` take (as enum names)."""
+        return {p.fqn: p.kind for p in self.split_points}
+
+    def describe(self) -> str:
+        cuts = ", ".join(p.fqn if p.kind == "BEGINNING" else f"{p.fqn}:END" for p in self.split_points) or "(none)"
+        return f"{self.stages} stages cut at [{cuts}], chunks {self.chunks}, {self.backend}/{self.schedule}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "version": PLAN_VERSION,
+            "model": self.model.to_dict(),
+            "stages": self.stages,
+            "split_points": [p.to_dict() for p in self.split_points],
+            "chunks": self.chunks,
+            "backend": self.backend,
+            "schedule": self.schedule,
+            "device": self.device,
+            "threads_per_stage": self.threads_per_stage,
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> SplitPlan:
+        """Read a plan, or any document of the ``best_split.json`` shape (extra keys are ignored)."""
+        if not isinstance(d, dict):
+            raise PipesplitError(f"a split plan must be a JSON object, not {type(d).__name__}")
+        version = d.get("version", PLAN_VERSION)
+        if version != PLAN_VERSION:
+            raise PipesplitError(f"plan version {version} is not supported (this pipesplit reads {PLAN_VERSION})")
+        for key in ("model", "split_points"):
+            if key not in d:
+                raise PipesplitError(f"the plan has no {key!r} key: export plans with pipesplit or see results/README.md")
+        points = []
+        for p in d["split_points"]:
+            if isinstance(p, str):
+                points.append(SplitPoint.parse(p))
+            elif isinstance(p, dict) and "fqn" in p:
+                points.append(SplitPoint(p["fqn"], p.get("kind", "BEGINNING")))
+            else:
+                raise PipesplitError(f"split point {p!r} must be {{'fqn': ..., 'kind': 'BEGINNING'|'END'}}")
+        plan = cls(
+            model=ModelSpec.from_dict(d["model"]),
+            split_points=tuple(points),
+            chunks=int(d.get("chunks", 1)),
+            backend=d.get("backend", "torch"),
+            schedule=d.get("schedule", "GPipe"),
+            device=d.get("device", "cpu"),
+            threads_per_stage=int(d.get("threads_per_stage", 1)),
+        )
+        if "stages" in d and int(d["stages"]) != plan.stages:
+            raise PipesplitError(
+                f"the plan says {d['stages']} stages but has {len(points)} split points ({plan.stages} stages): "
+                "give stages - 1 split points"
+            )
+        return plan
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(json.dumps(self.to_dict(), indent=2) + "\n")
+
+    @classmethod
+    def load(cls, path: str | Path) -> SplitPlan:
+        p = Path(path)
+        try:
+            data = json.loads(p.read_text())
+        except FileNotFoundError:
+            raise PipesplitError(f"plan file {p} does not exist: pass the path of a best_split.json or plan JSON") from None
+        except json.JSONDecodeError as e:
+            raise PipesplitError(f"plan file {p} is not valid JSON ({e.msg} at line {e.lineno})") from None
+        return cls.from_dict(data)

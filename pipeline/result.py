@@ -1,0 +1,98 @@
+"""TrialResult: what one real pipeline run measured (or why it failed); JSON in, JSON out."""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+RESULT_VERSION = 1
+
+
+def median(xs: list[float] | tuple[float, ...]) -> float:
+    return float(statistics.median(xs)) if xs else float("nan")
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrialResult:
+    """Per-repeat timings and per-stage breakdown of one plan, measured in one trial."""
+
+    plan: dict[str, Any]
+    """The SplitPlan that ran, as ``SplitPlan.to_dict()``."""
+    ok: bool
+    reason: str = ""
+    """Why the trial failed (empty when ``ok``)."""
+    serial_s: tuple[float, ...] = ()
+    """Whole model, whole batch, on one stage's resources (rank 0, its threads / its GPU), per repeat."""
+    serial_all_s: tuple[float, ...] = ()
+    """Whole model on all the pipeline's CPU threads, per repeat (empty on CUDA)."""
+    pipeline_s: tuple[float, ...] = ()
+    """Whole batch through the pipeline, first stage start to last stage end, per repeat."""
+    stage_compute_s: tuple[float, ...] = ()
+    """Per rank, median over repeats of the time spent inside its stage module."""
+    stage_comm_s: tuple[float, ...] = ()
+    """Per rank, median of the rest of the pipeline time: send, receive and waiting for a neighbour."""
+    boundary_bytes: tuple[int, ...] = ()
+    """Bytes of activations crossing each cut for one whole batch."""
+    peak_mem_bytes: tuple[int, ...] = ()
+    """Per rank peak resident memory during the trial (CPU) or peak allocated GPU memory (CUDA)."""
+    max_abs_diff: float = float("nan")
+    """Largest |pipeline output - unsplit model output|."""
+    tolerance: float = float("nan")
+    """The difference the output check allowed."""
+    build_s: float = float("nan")
+    """Slowest rank's time to trace the model and build its stage."""
+    wall_s: float = float("nan")
+    """Driver's wall time for the trial: dispatch, build, check, warm-up, timed work, results."""
+    busy_s: float = float("nan")
+    """Slowest rank's time from receiving the plan to answering: the trial's own work."""
+    events: tuple[tuple[tuple[int, float, float], ...], ...] = ()
+    """Per rank, (microbatch, start, end) of each compute span in the last timed repeat, seconds from its start."""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def speedups(self) -> list[float]:
+        return [s / p for s, p in zip(self.serial_s, self.pipeline_s) if p > 0]
+
+    @property
+    def speedup(self) -> float:
+        """Median over repeats of serial / pipeline time, each pair measured back to back."""
+        return median(self.speedups)
+
+    @property
+    def speedup_spread(self) -> tuple[float, float]:
+        s = self.speedups
+        return (min(s), max(s)) if s else (float("nan"), float("nan"))
+
+    @property
+    def speedup_all(self) -> float:
+        """Median speedup over the serial model given all the pipeline's threads."""
+        return median([s / p for s, p in zip(self.serial_all_s, self.pipeline_s) if p > 0])
+
+    @property
+    def overhead_s(self) -> float:
+        """Driver wall time not spent in the trial's own work (dispatch, pickling, process start-up)."""
+        return self.wall_s - self.busy_s
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["version"] = RESULT_VERSION
+        d["speedup"] = self.speedup
+        d["speedup_spread"] = list(self.speedup_spread)
+        d["speedup_all"] = self.speedup_all
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> TrialResult:
+        names = {f for f in cls.__dataclass_fields__}
+        args = {k: v for k, v in d.items() if k in names}
+        for k in ("serial_s", "serial_all_s", "pipeline_s", "stage_compute_s", "stage_comm_s"):
+            args[k] = tuple(float(x) for x in args.get(k, ()))
+        for k in ("boundary_bytes", "peak_mem_bytes"):
+            args[k] = tuple(int(x) for x in args.get(k, ()))
+        args["events"] = tuple(tuple(tuple(e) for e in rank) for rank in args.get("events", ()))
+        return cls(**args)
+
+    @classmethod
+    def failed(cls, plan: dict[str, Any], reason: str, **kw: Any) -> TrialResult:
+        return cls(plan=plan, ok=False, reason=reason, **kw)

@@ -1,0 +1,276 @@
+"""One stage worker: a rank of the pipeline process group that runs plan after plan until told to stop.
+
+Each trial on a rank goes: build the stage (trace a private copy of a cached model) -> agree that every
+rank built -> run the batch once and check the last stage's output against the unsplit model -> warm up ->
+``repeats`` times, interleaved: serial on rank 0 | pipeline on all ranks | serial on all threads on rank 0.
+The other ranks wait in a barrier while rank 0 times the serial model, so it has the machine to itself.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+import traceback
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.utils._pytree import tree_leaves
+
+from pipeline.models import build_model, example_input
+from pipeline.plan import SplitPlan
+from pipeline.spec import ModelSpec
+from pipeline.stages import build_stage
+
+
+@dataclass(frozen=True)
+class WorkerConfig:
+    """How every rank of one pool joins its process group."""
+
+    world_size: int
+    device: str
+    init_method: str
+    timeout_s: float
+    first_rank: int = 0
+
+
+def _one_line(e: BaseException) -> str:
+    text = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {text[0] if text else ''}"[:400]
+
+
+class _Peak:
+    """Peak memory of this process during a trial: VmHWM reset through clear_refs, or CUDA's counter."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+
+    def reset(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(self.device)
+            return
+        try:
+            with open("/proc/self/clear_refs", "w") as f:
+                f.write("5")
+        except OSError:
+            pass
+
+    def read(self) -> int:
+        if self.device.type == "cuda":
+            return int(torch.cuda.max_memory_allocated(self.device))
+        try:
+            with open("/proc/self/status") as f:
+                for line in f:
+                    if line.startswith("VmHWM:"):
+                        return int(line.split()[1]) * 1024
+        except OSError:
+            pass
+        import resource
+
+        return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
+
+
+class _ComputeClock:
+    """Forward hooks on the stage module: compute spans per microbatch and the bytes it outputs."""
+
+    def __init__(self, module: nn.Module, device: torch.device) -> None:
+        self.cuda = device.type == "cuda"
+        self.spans: list[tuple[Any, Any]] = []
+        self.out_bytes = 0
+        self._start: Any = None
+        self._handles = [module.register_forward_pre_hook(self._pre), module.register_forward_hook(self._post)]
+
+    def _now(self) -> Any:
+        if self.cuda:
+            ev = torch.cuda.Event(enable_timing=True)
+            ev.record()
+            return ev
+        return time.perf_counter()
+
+    def _pre(self, mod: nn.Module, args: Any) -> None:
+        self._start = self._now()
+
+    def _post(self, mod: nn.Module, args: Any, out: Any) -> None:
+        self.spans.append((self._start, self._now()))
+        self.out_bytes += sum(t.numel() * t.element_size() for t in tree_leaves(out) if isinstance(t, torch.Tensor))
+
+    def reset(self) -> None:
+        self.spans.clear()
+        self.out_bytes = 0
+
+    def resolve(self, t0: Any) -> list[tuple[int, float, float]]:
+        """Spans as (microbatch, start, end) seconds from ``t0`` (a perf_counter value or CUDA event)."""
+        out = []
+        for i, (a, b) in enumerate(self.spans):
+            if self.cuda:
+                out.append((i, t0.elapsed_time(a) / 1e3, t0.elapsed_time(b) / 1e3))
+            else:
+                out.append((i, a - t0, b - t0))
+        return out
+
+    def close(self) -> None:
+        for h in self._handles:
+            h.remove()
+
+
+class _Rank:
+    """A worker's state that lives across trials: its rank, device and cached models."""
+
+    def __init__(self, rank: int, cfg: WorkerConfig) -> None:
+        self.rank = rank
+        self.cfg = cfg
+        self.world = cfg.world_size
+        self.device = torch.device(f"cuda:{rank % max(1, torch.cuda.device_count())}") if cfg.device == "cuda" \
+            else torch.device("cpu")
+        self.models: dict[str, nn.Module] = {}
+        self.refs: dict[str, torch.Tensor] = {}
+        self.peak = _Peak(self.device)
+
+    def sync(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    def model(self, spec: ModelSpec) -> nn.Module:
+        if spec.key not in self.models:
+            self.models.clear()
+            self.refs.clear()
+            self.models[spec.key] = build_model(spec).to(self.device)
+        return self.models[spec.key]
+
+    def _serial(self, model: nn.Module, x: torch.Tensor, threads: int | None) -> float:
+        """Time the unsplit model on rank 0 while every other rank waits in the barrier."""
+        dist.barrier()
+        elapsed = float("nan")
+        if self.rank == 0:
+            before = torch.get_num_threads()
+            if threads:
+                torch.set_num_threads(threads)
+            self.sync()
+            t = time.perf_counter()
+            model(x)
+            self.sync()
+            elapsed = time.perf_counter() - t
+            torch.set_num_threads(before)
+        dist.barrier()
+        return elapsed
+
+    def trial(self, plan_dict: dict[str, Any], opts: dict[str, Any]) -> dict[str, Any]:
+        t_recv = time.perf_counter()
+        out: dict[str, Any] = {"rank": self.rank}
+        plan = SplitPlan.from_dict(plan_dict)
+        if self.device.type == "cpu":
+            torch.set_num_threads(plan.threads_per_stage)
+        self.peak.reset()
+        error = None
+        try:
+            model = self.model(plan.model)
+            x = example_input(plan.model, self.device)
+            stage = build_stage(plan, model, x, self.rank, self.device)
+        except Exception as e:  # noqa: BLE001 - reported as the trial's reason
+            error = f"rank {self.rank} could not build its stage: {_one_line(e)}"
+        errors: list[Any] = [None] * self.world
+        dist.all_gather_object(errors, error)
+        if any(errors):
+            out["error"] = next(e for e in errors if e)
+            return out
+        out["build_s"] = time.perf_counter() - t_recv
+        clock = _ComputeClock(stage.module, self.device)
+        last = self.rank == self.world - 1
+        serial_threads = plan.threads_per_stage * self.world if self.device.type == "cpu" else None
+        try:
+            with torch.no_grad():
+                y = stage.step(x if self.rank == 0 else None)
+                self.sync()
+                out["out_bytes"] = 0 if last else clock.out_bytes
+                verdict: list[Any] = [None]
+                if last:
+                    if plan.model.key not in self.refs:
+                        self.refs[plan.model.key] = model(x)
+                    ref = self.refs[plan.model.key]
+                    got = y[0] if isinstance(y, (tuple, list)) else y
+                    diff = float((got.float() - ref.float()).abs().max())
+                    rtol = 1e-4 if plan.model.dtype == "float32" else 2e-2
+                    tol = rtol * max(1.0, float(ref.float().abs().max()))
+                    verdict = [(diff, tol)]
+                dist.broadcast_object_list(verdict, src=self.world - 1)
+                out["max_abs_diff"], out["tolerance"] = verdict[0]
+                if not out["max_abs_diff"] <= out["tolerance"]:
+                    out["error"] = (f"output check failed: pipeline output differs from the unsplit model by "
+                                    f"{out['max_abs_diff']:.3g} (allowed {out['tolerance']:.3g})")
+                    return out
+                for _ in range(opts["warmup"]):
+                    self._pipeline_once(stage, x, clock)
+                self._serial(model, x, None)
+                if opts["serial_all"] and serial_threads:
+                    self._serial(model, x, serial_threads)
+                serial, serial_all, pipe, compute, comm = [], [], [], [], []
+                events: list[tuple[int, float, float]] = []
+                for _ in range(opts["repeats"]):
+                    serial.append(self._serial(model, x, None))
+                    wall, busy, events = self._pipeline_once(stage, x, clock)
+                    pipe.append(wall)
+                    c = sum(b - a for _, a, b in events)
+                    compute.append(c)
+                    comm.append(max(0.0, busy - c))
+                    if opts["serial_all"] and serial_threads:
+                        serial_all.append(self._serial(model, x, serial_threads))
+        finally:
+            clock.close()
+        out.update(serial_s=serial, serial_all_s=serial_all, pipeline_s=pipe, compute_s=compute, comm_s=comm,
+                   events=events, peak_mem=self.peak.read(), busy_s=time.perf_counter() - t_recv)
+        return out
+
+    def _pipeline_once(self, stage: Any, x: torch.Tensor, clock: _ComputeClock) -> tuple[float, float, list]:
+        """One whole batch through the pipeline: (wall time to the last rank's end, own busy time, spans)."""
+        clock.reset()
+        self.sync()
+        dist.barrier()
+        t0_event = None
+        if self.device.type == "cuda":
+            t0_event = torch.cuda.Event(enable_timing=True)
+            t0_event.record()
+        t0 = time.perf_counter()
+        stage.step(x if self.rank == 0 else None)
+        self.sync()
+        busy = time.perf_counter() - t0
+        dist.barrier()
+        wall = time.perf_counter() - t0
+        return wall, busy, clock.resolve(t0_event if t0_event is not None else t0)
+
+
+def worker_main(rank: int, cfg: WorkerConfig, conn: Any) -> None:
+    """Process entry point: join the group, then answer trial messages until ``stop``."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the driver owns Ctrl-C and shuts the pool down
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    try:
+        backend = "nccl" if cfg.device == "cuda" else "gloo"
+        if cfg.device == "cuda":
+            torch.cuda.set_device(rank % torch.cuda.device_count())
+        dist.init_process_group(backend, init_method=cfg.init_method, rank=rank, world_size=cfg.world_size,
+                                timeout=timedelta(seconds=cfg.timeout_s))
+        state = _Rank(rank, cfg)
+        conn.send(("ready", rank))
+    except Exception as e:  # noqa: BLE001
+        conn.send(("error", f"rank {rank} could not join the process group: {_one_line(e)}"))
+        return
+    while True:
+        try:
+            msg = conn.recv()
+        except EOFError:
+            break
+        if msg[0] == "stop":
+            break
+        if msg[0] == "trial":
+            try:
+                conn.send(("result", state.trial(msg[1], msg[2])))
+            except Exception as e:  # noqa: BLE001 - the process group may be broken: the driver restarts the pool
+                conn.send(("result", {"rank": rank, "error": f"rank {rank} failed mid-trial: {_one_line(e)}",
+                                      "fatal": True, "trace": traceback.format_exc()[-2000:]}))
+    try:
+        dist.destroy_process_group()
+    except Exception:  # noqa: BLE001
+        pass
