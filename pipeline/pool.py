@@ -20,6 +20,9 @@ from pipeline.result import TrialResult, median
 from pipeline.worker import WorkerConfig, worker_main
 
 
+FATAL_GRACE_S = 10.0
+
+
 def _free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
@@ -118,16 +121,20 @@ class StagePool:
                     out[r] = ("timeout", f"rank {r} did not answer within {timeout_s:.0f}s (hung or deadlocked)")
                 break
             waitables: list[Any] = [self._conns[r] for r in pending] + [self._procs[r].sentinel for r in pending]
-            for ready in wait(waitables, timeout=left):
-                for r in list(pending):
-                    if ready is self._conns[r]:
-                        try:
-                            out[r] = self._conns[r].recv()
-                        except (EOFError, OSError):
-                            continue  # the sentinel reports the death
-                        pending.discard(r)
+            wait(waitables, timeout=left)
             for r in list(pending):
-                if not self._procs[r].is_alive() and not self._conns[r].poll():
+                try:
+                    if self._conns[r].poll():
+                        out[r] = self._conns[r].recv()
+                        pending.discard(r)
+                        if isinstance(out[r], tuple) and isinstance(out[r][1], dict) and out[r][1].get("fatal"):
+                            # its peers may now wait forever on it: give them a moment, not the whole timeout
+                            deadline = min(deadline, time.monotonic() + FATAL_GRACE_S)
+                        continue
+                except (EOFError, OSError):
+                    pass  # the pipe closed: the worker is gone
+                if not self._procs[r].is_alive():
+                    self._procs[r].join(timeout=1)
                     code = self._procs[r].exitcode
                     how = f"signal {-code}" if code is not None and code < 0 else f"exit code {code}"
                     out[r] = ("dead", f"stage worker rank {r} (pid {self._procs[r].pid}) died ({how})")
@@ -156,6 +163,7 @@ class StagePool:
         replies = self._collect(timeout_s)
         wall = time.perf_counter() - t
         failures = [r for r in replies if not (isinstance(r, tuple) and r[0] == "result")]
+        failures.sort(key=lambda f: f[0] != "dead")  # a death explains the hangs and errors it causes
         if failures:
             reason = "; ".join(f[1] for f in failures[:2])
             self.restart()

@@ -171,7 +171,8 @@ class _Rank:
             x = example_input(plan.model, self.device)
             stage = build_stage(plan, model, x, self.rank, self.device)
         except Exception as e:  # noqa: BLE001 - reported as the trial's reason
-            error = f"rank {self.rank} could not build its stage: {_one_line(e)}"
+            cuts = ", ".join(plan.split_spec())
+            error = f"rank {self.rank} could not build its stage for cuts [{cuts}]: {_one_line(e)}"
         errors: list[Any] = [None] * self.world
         dist.all_gather_object(errors, error)
         if any(errors):

@@ -1,0 +1,69 @@
+"""Flags shared by every command that builds a model and a pipeline (``pipeline.run``, ``search.optimize``)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+from pipeline.candidates import GRANULARITIES
+from pipeline.errors import PipesplitError
+from pipeline.plan import BACKENDS, DEVICES, SCHEDULES
+from pipeline.spec import DTYPES, ModelSpec
+
+DEFAULT_MODEL = "deit_small_patch16_224"
+
+
+def add_model_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("model")
+    g.add_argument("--model", default=None, help=f"timm model name (default {DEFAULT_MODEL}); weights are random")
+    g.add_argument("--model-kwargs", default=None, metavar="JSON",
+                   help='timm.create_model overrides, e.g. \'{"depth": 4, "embed_dim": 96, "img_size": 64}\'')
+    g.add_argument("--image-size", type=int, default=None,
+                   help="input height=width for models that take any size (CNNs); ViTs take img_size in --model-kwargs")
+    g.add_argument("--batch-size", type=int, default=None, help="whole-batch size (default 32)")
+    g.add_argument("--dtype", default=None, choices=DTYPES, help="parameter and input dtype (default float32)")
+    g.add_argument("--checkpoint", default=None, help="optional local state_dict to load (timing does not need one)")
+    g.add_argument("--seed", type=int, default=None, help="seed for weights and inputs (default 0)")
+    g.add_argument("--granularity", default="block", choices=GRANULARITIES,
+                   help="candidate cut points: 'block' (top-level and stacked blocks) or 'layer' (inside blocks)")
+
+
+def add_runtime_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("runtime")
+    g.add_argument("--backend", default=None, choices=BACKENDS,
+                   help="'torch' (torch.distributed.pipelining, default) or 'pippy' (torchpippy)")
+    g.add_argument("--schedule", default=None, choices=SCHEDULES, help="pipeline schedule (default GPipe)")
+    g.add_argument("--device", default=None, choices=DEVICES, help="cpu (gloo, default) or cuda (NCCL, a GPU per stage)")
+    g.add_argument("--threads-per-stage", type=int, default=None,
+                   help="intra-op threads per stage process (default: cores // stages, at least 1)")
+
+
+MODEL_FLAGS = ("model", "model_kwargs", "image_size", "batch_size", "dtype", "checkpoint", "seed")
+
+
+def parse_kwargs(text: str | None) -> dict[str, Any]:
+    if not text:
+        return {}
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise PipesplitError(f"--model-kwargs is not valid JSON ({e.msg}): write it like '{{\"depth\": 4}}'") from None
+    if not isinstance(value, dict):
+        raise PipesplitError(f"--model-kwargs must be a JSON object, not {type(value).__name__}: e.g. '{{\"depth\": 4}}'")
+    return value
+
+
+def spec_from_args(args: argparse.Namespace) -> ModelSpec:
+    """Build the ModelSpec the flags describe (this builds the model once to read its input size)."""
+    from pipeline.models import resolve_spec
+
+    return resolve_spec(
+        args.model or DEFAULT_MODEL,
+        kwargs=parse_kwargs(args.model_kwargs),
+        batch_size=32 if args.batch_size is None else args.batch_size,
+        image_size=args.image_size,
+        dtype=args.dtype or "float32",
+        checkpoint=args.checkpoint,
+        seed=0 if args.seed is None else args.seed,
+    )

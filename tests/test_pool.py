@@ -1,0 +1,89 @@
+"""Real trials: 2 gloo stage processes, tiny models, the pool reused across the whole module."""
+
+import os
+import signal
+import threading
+import time
+
+import pytest
+
+from pipeline.errors import PipesplitError
+from pipeline.plan import SplitPlan, SplitPoint
+
+pytestmark = [pytest.mark.multiprocess, pytest.mark.slow]
+
+
+def plan(spec, backend="torch", chunks=4, at="blocks.2", **kw):
+    return SplitPlan(model=spec, split_points=(SplitPoint(at),), chunks=chunks, backend=backend, **kw)
+
+
+@pytest.mark.parametrize("backend", ["torch", "pippy"])
+def test_two_stage_trial_matches_unsplit_model(pool2, tiny_spec, backend):
+    r = pool2.run(plan(tiny_spec, backend), repeats=2, warmup=1)
+    assert r.ok, r.reason
+    assert r.max_abs_diff <= r.tolerance
+    assert len(r.serial_s) == len(r.pipeline_s) == len(r.serial_all_s) == 2
+    assert all(t > 0 for t in r.pipeline_s + r.serial_s)
+    assert len(r.stage_compute_s) == 2 and all(c > 0 for c in r.stage_compute_s)
+    # one cut between ViT blocks sends the token tensor: batch x tokens x dim float32
+    tokens = (32 // 8) ** 2 + 1
+    assert r.boundary_bytes == (8 * tokens * 48 * 4,)
+    assert all(m > 0 for m in r.peak_mem_bytes)
+    # 4 microbatches -> 4 compute spans per rank, in order, not overlapping
+    for spans in r.events:
+        assert [mb for mb, _, _ in spans] == [0, 1, 2, 3]
+        assert all(a < b <= c for (_, a, b), (_, c, _) in zip(spans, spans[1:]))
+    assert r.overhead_s < 0.5 * r.wall_s
+
+
+def test_cut_inside_a_residual_block_sends_two_tensors(pool2, tiny_spec):
+    r = pool2.run(plan(tiny_spec, at="blocks.1.mlp", chunks=2), repeats=1, serial_all=False)
+    assert r.ok, r.reason
+    tokens = (32 // 8) ** 2 + 1
+    assert r.boundary_bytes == (2 * 8 * tokens * 48 * 4,)
+    assert r.serial_all_s == ()
+
+
+def test_a_plan_that_cannot_build_fails_with_its_reason_and_the_pool_lives(pool2, tiny_spec):
+    pids = pool2.pids
+    r = pool2.run(plan(tiny_spec, at="blocks.99"), repeats=1)
+    assert not r.ok and "could not build its stage" in r.reason and "blocks.99" in r.reason
+    assert pool2.pids == pids
+    assert pool2.run(plan(tiny_spec), repeats=1).ok
+
+
+def test_mismatched_plan_is_refused(pool2, tiny_spec):
+    three = SplitPlan(model=tiny_spec, split_points=(SplitPoint("blocks.1"), SplitPoint("blocks.2")), chunks=1)
+    with pytest.raises(PipesplitError, match="plan has 3 stages but the pool has 2"):
+        pool2.run(three)
+
+
+def test_killed_worker_fails_the_trial_and_the_pool_restarts(pool2, tiny_spec):
+    victim = pool2.pids[1]
+    restarts = pool2.restarts
+
+    def kill_soon():
+        time.sleep(2.0)
+        os.kill(victim, signal.SIGKILL)
+
+    threading.Thread(target=kill_soon, daemon=True).start()
+    r = pool2.run(plan(tiny_spec, chunks=8), repeats=500, warmup=0, timeout_s=120)
+    assert not r.ok
+    assert f"rank 1 (pid {victim}) died (signal 9)" in r.reason
+    assert pool2.restarts == restarts + 1 and victim not in pool2.pids
+    again = pool2.run(plan(tiny_spec), repeats=1)
+    assert again.ok, again.reason
+
+
+def test_hung_trial_times_out_and_the_pool_restarts(pool2, tiny_spec):
+    victim = pool2.pids[0]
+    os.kill(victim, signal.SIGSTOP)  # a rank that stops answering, as a deadlock would
+    try:
+        r = pool2.run(plan(tiny_spec), repeats=1, timeout_s=5)
+    finally:
+        try:
+            os.kill(victim, signal.SIGCONT)
+        except ProcessLookupError:
+            pass
+    assert not r.ok and "did not answer within 5s" in r.reason
+    assert pool2.run(plan(tiny_spec), repeats=1).ok
