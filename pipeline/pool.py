@@ -142,7 +142,7 @@ class StagePool:
         return out
 
     def run(self, plan: SplitPlan, *, repeats: int = 3, warmup: int = 1, timeout_s: float = 900.0,
-            serial_all: bool = True) -> TrialResult:
+            serial_all: bool = True, serial: bool = True) -> TrialResult:
         """Run one real trial of ``plan``; a failure (bad build, wrong output, dead or hung rank) is a failed result."""
         if plan.stages != self.stages:
             raise PipesplitError(f"plan has {plan.stages} stages but the pool has {self.stages}: start a pool per stage count")
@@ -152,7 +152,7 @@ class StagePool:
             raise PipesplitError(f"repeats must be >= 1 and warmup >= 0 (got {repeats}, {warmup})")
         if not self._procs:
             self.start()
-        opts = {"repeats": repeats, "warmup": warmup, "serial_all": serial_all}
+        opts = {"repeats": repeats, "warmup": warmup, "serial_all": serial_all, "serial": serial}
         t = time.perf_counter()
         plan_dict = plan.to_dict()
         for conn in self._conns:
@@ -193,6 +193,20 @@ class StagePool:
             busy_s=max(d["busy_s"] for d in ranks),
             events=tuple(tuple(tuple(e) for e in d["events"]) for d in ranks),
         )
+
+    def measure_link(self, sizes: list[int], repeats: int = 5, timeout_s: float = 300.0) -> list[tuple[int, float]]:
+        """(bytes, median one-way seconds) between ranks 0 and 1 of this pool's real backend."""
+        if not self._procs:
+            self.start()
+        for conn in self._conns:
+            conn.send(("link", list(sizes), repeats))
+        replies = self._collect(timeout_s)
+        bad = [r for r in replies if not (isinstance(r, tuple) and r[0] == "result") or r[1].get("error")]
+        if bad:
+            self.restart()
+            why = bad[0][1] if isinstance(bad[0][1], str) else bad[0][1]["error"]
+            raise PipesplitError(f"could not measure the link: {why}")
+        return [(int(b), float(t)) for b, t in replies[0][1]["link"]]
 
     def restart(self) -> None:
         """Kill every worker and start a fresh group: the next trial runs on a clean pool."""

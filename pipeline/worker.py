@@ -205,13 +205,15 @@ class _Rank:
                     return out
                 for _ in range(opts["warmup"]):
                     self._pipeline_once(stage, x, clock)
-                self._serial(model, x, None)
+                if opts.get("serial", True):
+                    self._serial(model, x, None)
                 if opts["serial_all"] and serial_threads:
                     self._serial(model, x, serial_threads)
                 serial, serial_all, pipe, compute, comm = [], [], [], [], []
                 events: list[tuple[int, float, float]] = []
                 for _ in range(opts["repeats"]):
-                    serial.append(self._serial(model, x, None))
+                    if opts.get("serial", True):
+                        serial.append(self._serial(model, x, None))
                     wall, busy, events = self._pipeline_once(stage, x, clock)
                     pipe.append(wall)
                     c = sum(b - a for _, a, b in events)
@@ -224,6 +226,28 @@ class _Rank:
         out.update(serial_s=serial, serial_all_s=serial_all, pipeline_s=pipe, compute_s=compute, comm_s=comm,
                    events=events, peak_mem=self.peak.read(), busy_s=time.perf_counter() - t_recv)
         return out
+
+    def link(self, sizes: list[int], repeats: int) -> dict[str, Any]:
+        """Ping-pong between ranks 0 and 1: median one-way seconds for each message size."""
+        out = []
+        for size in sizes:
+            buf = torch.zeros(max(1, size // 4), dtype=torch.float32, device=self.device)
+            times = []
+            for i in range(repeats + 1):
+                dist.barrier()
+                self.sync()
+                t = time.perf_counter()
+                if self.rank == 0:
+                    dist.send(buf, 1)
+                    dist.recv(buf, 1)
+                elif self.rank == 1:
+                    dist.recv(buf, 0)
+                    dist.send(buf, 0)
+                self.sync()
+                if i:
+                    times.append((time.perf_counter() - t) / 2)
+            out.append((buf.numel() * 4, sorted(times)[len(times) // 2]))
+        return {"rank": self.rank, "link": out}
 
     def _pipeline_once(self, stage: Any, x: torch.Tensor, clock: _ComputeClock) -> tuple[float, float, list]:
         """One whole batch through the pipeline: (wall time to the last rank's end, own busy time, spans)."""
@@ -243,6 +267,14 @@ class _Rank:
         return wall, busy, clock.resolve(t0_event if t0_event is not None else t0)
 
 
+def _preload() -> None:
+    """Import the tracing stack once per worker, so the first trial's build time is its own."""
+    import pippy  # noqa: F401
+    import torch._dynamo  # noqa: F401
+    import torch.distributed.pipelining  # noqa: F401
+    import torch.export  # noqa: F401
+
+
 def worker_main(rank: int, cfg: WorkerConfig, conn: Any) -> None:
     """Process entry point: join the group, then answer trial messages until ``stop``."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the driver owns Ctrl-C and shuts the pool down
@@ -254,6 +286,7 @@ def worker_main(rank: int, cfg: WorkerConfig, conn: Any) -> None:
         dist.init_process_group(backend, init_method=cfg.init_method, rank=rank, world_size=cfg.world_size,
                                 timeout=timedelta(seconds=cfg.timeout_s))
         state = _Rank(rank, cfg)
+        _preload()
         conn.send(("ready", rank))
     except Exception as e:  # noqa: BLE001
         conn.send(("error", f"rank {rank} could not join the process group: {_one_line(e)}"))
@@ -265,6 +298,12 @@ def worker_main(rank: int, cfg: WorkerConfig, conn: Any) -> None:
             break
         if msg[0] == "stop":
             break
+        if msg[0] == "link":
+            try:
+                conn.send(("result", state.link(msg[1], msg[2])))
+            except Exception as e:  # noqa: BLE001
+                conn.send(("result", {"rank": rank, "error": f"link measurement failed: {_one_line(e)}", "fatal": True}))
+            continue
         if msg[0] == "trial":
             try:
                 conn.send(("result", state.trial(msg[1], msg[2])))

@@ -1,0 +1,271 @@
+"""``python -m costmodel.profile``: measure what the cost model needs, per candidate segment.
+
+One trace of the model with a cut at *every* candidate gives the segments exactly as a pipeline runs
+them (torch's ``pipeline(split_spec=...)``); each is then counted (fvcore, fused attention included),
+weighed (parameter bytes, bytes crossing each cut) and timed alone at every microbatch size on the
+target device and thread count. The link between two ranks of the real backend is measured by
+ping-pong and fitted to latency + bytes / bandwidth. Profiles are cached under ``results/profiles/``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import hashlib
+import json
+import statistics
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import fx
+
+from costmodel.flops import count_flops
+from costmodel.link import fit_link
+from costmodel.types import Link, Profile, Segment
+from pipeline.candidates import Candidates, find_candidates
+from pipeline.errors import PipesplitError
+from pipeline.models import build_model, example_input
+from pipeline.spec import ModelSpec
+
+PROFILE_DIR = Path("results/profiles")
+
+
+def divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+class _SegmentRunner(fx.Interpreter):
+    """Runs a split model stage by stage, timing each stage module and keeping its inputs."""
+
+    def __init__(self, gm: fx.GraphModule, sync: Any) -> None:
+        super().__init__(gm)
+        self.sync = sync
+        self.times: dict[str, float] = {}
+        self.inputs: dict[str, tuple[Any, ...]] = {}
+        self.values: dict[str, Any] = {}
+
+    def call_module(self, target: Any, args: Any, kwargs: Any) -> Any:
+        self.inputs[target] = args
+        self.sync()
+        t = time.perf_counter()
+        out = super().call_module(target, args, kwargs)
+        self.sync()
+        self.times[target] = time.perf_counter() - t
+        return out
+
+    def run_node(self, n: fx.Node) -> Any:
+        value = super().run_node(n)
+        self.values[n.name] = value
+        return value
+
+
+def _nbytes(value: Any) -> int:
+    from torch.utils._pytree import tree_leaves
+
+    return sum(t.numel() * t.element_size() for t in tree_leaves(value) if isinstance(t, torch.Tensor))
+
+
+def stage_targets(gm: fx.GraphModule) -> list[str]:
+    """The stage modules of a split graph in execution order (``submod_i`` or ``submod_pp_i`` by version)."""
+    return [n.target for n in gm.graph.nodes if n.op == "call_module"]
+
+
+def _crossing_bytes(gm: fx.GraphModule, values: dict[str, Any], n_stages: int) -> list[int]:
+    """Bytes crossing each cut k (between stage k-1 and k): values made before k and used at k or later."""
+    index = {t: i for i, t in enumerate(stage_targets(gm))}
+    stage_of = {}
+    for node in gm.graph.nodes:
+        if node.op == "call_module":
+            stage_of[node.name] = index[node.target]
+    for node in gm.graph.nodes:
+        if node.op == "call_function" and node.args and isinstance(node.args[0], fx.Node) \
+                and node.args[0].name in stage_of:
+            stage_of[node.name] = stage_of[node.args[0].name]
+    cross = [0] * n_stages
+    for node in gm.graph.nodes:
+        if node.name not in stage_of:
+            continue
+        producer = stage_of[node.name]
+        # a stage returning a tuple is consumed through getitem nodes, which carry the stage index too
+        consumers = [index[u.target] for u in node.users if u.op == "call_module"]
+        if not consumers:
+            continue
+        size = _nbytes(values[node.name])
+        for k in range(producer + 1, max(consumers) + 1):
+            cross[k] += size
+    return cross[1:]
+
+
+def _trace_all_cuts(model: torch.nn.Module, cands: Candidates, x: torch.Tensor) -> fx.GraphModule:
+    from torch.distributed.pipelining import SplitPoint, pipeline
+
+    from pipeline.stages import _use_codegen
+
+    pipe = pipeline(copy.deepcopy(model), mb_args=(x,), split_spec={f: SplitPoint.BEGINNING for f in cands.cuts})
+    if pipe.num_stages != len(cands.blocks):
+        raise PipesplitError(f"tracing every cut gave {pipe.num_stages} segments, expected {len(cands.blocks)}")
+    _use_codegen(pipe.split_gm)
+    return pipe.split_gm
+
+
+def profile_key(spec: ModelSpec, device: str, threads: int, granularity: str, micro_sizes: Sequence[int]) -> str:
+    from importlib import metadata
+
+    blob = json.dumps({"model": spec.key, "device": device, "threads": threads, "granularity": granularity,
+                       "micro": list(micro_sizes), "torch": torch.__version__, "timm": metadata.version("timm")},
+                      sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def cache_path(spec: ModelSpec, key: str, root: Path = PROFILE_DIR) -> Path:
+    return root / f"{spec.name}-b{spec.batch_size}-{key}.json"
+
+
+def measure_link(device: str, sizes: Sequence[int], repeats: int = 5) -> Link:
+    """Ping-pong between two ranks of the real backend (gloo on CPU, NCCL on CUDA)."""
+    from pipeline.pool import StagePool
+
+    with StagePool(2, device=device, threads_per_stage=1, quiet=True) as pool:
+        samples = pool.measure_link(list(sizes), repeats)
+    return fit_link(samples, "nccl" if device == "cuda" else "gloo")
+
+
+def profile_model(spec: ModelSpec, *, device: str = "cpu", threads: int = 1, granularity: str = "block",
+                  micro_sizes: Sequence[int] | None = None, repeats: int = 3, warmup: int = 1,
+                  link: Link | None = None, progress: Any = None) -> Profile:
+    """Measure a fresh profile (see the module docstring)."""
+    micro = sorted(set(micro_sizes or divisors(spec.batch_size)))
+    if any(m < 1 or m > spec.batch_size for m in micro):
+        raise PipesplitError(f"microbatch sizes {micro} must lie in 1..{spec.batch_size}")
+    if spec.batch_size not in micro:
+        micro.append(spec.batch_size)
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    dev = torch.device("cuda" if device == "cuda" else "cpu")
+    sync = (lambda: torch.cuda.synchronize(dev)) if dev.type == "cuda" else (lambda: None)
+    try:
+        model = build_model(spec).to(dev)
+        cands = find_candidates(build_model(spec), spec, granularity)
+        n = len(cands.blocks)
+        x_all = example_input(spec, dev)
+        lat: dict[int, list[float]] = {}
+        spread: dict[int, list[tuple[float, float]]] = {}
+        flops = params = cross = None
+        for m in micro:
+            gm = _trace_all_cuts(model, cands, x_all[:m])
+            runner = _SegmentRunner(gm, sync)
+            names = stage_targets(gm)
+            samples: list[list[float]] = [[] for _ in range(n)]
+            with torch.no_grad():
+                for i in range(warmup + repeats):
+                    runner.run(x_all[:m])
+                    if i >= warmup:
+                        for k in range(n):
+                            samples[k].append(runner.times[names[k]])
+            lat[m] = [statistics.median(s) for s in samples]
+            spread[m] = [(min(s), max(s)) for s in samples]
+            if flops is None:
+                cross = [b // m for b in _crossing_bytes(gm, runner.values, n)]
+                mods = dict(gm.named_children())
+                params = [sum(p.numel() * p.element_size() for p in mods[t].parameters())
+                          + sum(b.numel() * b.element_size() for b in mods[t].buffers()) for t in names]
+                flops = [count_flops(mods[t], runner.inputs[t]) // m for t in names]
+            if progress:
+                progress(m)
+        assert flops is not None and params is not None and cross is not None
+        if link is None:
+            sizes = sorted({max(4, b * m) for b in cross for m in micro} | {4, 1 << 20})
+            link = measure_link(device, sizes)
+    finally:
+        torch.set_num_threads(before)
+    segments = tuple(
+        Segment(fqn=cands.blocks[k], flops=int(flops[k]), param_bytes=int(params[k]),
+                out_bytes=int(cross[k]) if k < n - 1 else 0,
+                latency_s={m: lat[m][k] for m in micro}, latency_spread={m: spread[m][k] for m in micro})
+        for k in range(n)
+    )
+    from pipeline.export import provenance
+
+    return Profile(model=spec.to_dict(), device=device, threads=threads, granularity=granularity,
+                   batch_size=spec.batch_size, segments=segments, link=link,
+                   versions=provenance(), key=profile_key(spec, device, threads, granularity, micro))
+
+
+def load_or_profile(spec: ModelSpec, *, device: str = "cpu", threads: int = 1, granularity: str = "block",
+                    micro_sizes: Sequence[int] | None = None, reprofile: bool = False, root: Path = PROFILE_DIR,
+                    repeats: int = 3, quiet: bool = False) -> tuple[Profile, bool]:
+    """(profile, whether it came from the cache): reuse ``results/profiles/`` unless told to measure again."""
+    from pipeline.export import write_json
+
+    micro = sorted(set(micro_sizes or divisors(spec.batch_size)) | {spec.batch_size})
+    key = profile_key(spec, device, threads, granularity, micro)
+    path = cache_path(spec, key, root)
+    if path.exists() and not reprofile:
+        try:
+            return Profile.from_dict(json.loads(path.read_text())), True
+        except (ValueError, KeyError, json.JSONDecodeError):
+            pass  # an unreadable or old cache entry is measured again
+    if not quiet:
+        print(f"profiling {spec.name} (batch {spec.batch_size}, {threads} thread(s), {device}) at microbatch sizes "
+              f"{micro} ...", file=sys.stderr, flush=True)
+    prof = profile_model(spec, device=device, threads=threads, granularity=granularity, micro_sizes=micro,
+                         repeats=repeats)
+    write_json(path, prof.to_dict())
+    return prof, False
+
+
+def format_profile(prof: Profile) -> str:
+    sizes = sorted(prof.segments[0].latency_s)
+    head = f"{'segment':<22} {'MACs(M)':>9} {'params(MB)':>10} {'out(KB/sample)':>14} " + \
+        " ".join(f"{'m=' + str(m) + '(ms)':>10}" for m in sizes)
+    rows = [head]
+    for s in prof.segments:
+        rows.append(f"{s.fqn:<22} {s.flops / 1e6:9.1f} {s.param_bytes / 1e6:10.2f} {s.out_bytes / 1e3:14.1f} "
+                    + " ".join(f"{s.latency_s[m] * 1e3:10.2f}" for m in sizes))
+    tot = " ".join(f"{sum(s.latency_s[m] for s in prof.segments) * 1e3:10.2f}" for m in sizes)
+    rows.append(f"{'total':<22} {prof.total_flops / 1e6:9.1f} "
+                f"{sum(s.param_bytes for s in prof.segments) / 1e6:10.2f} {'':>14} {tot}")
+    rows.append(f"link ({prof.link.backend}): latency {prof.link.latency_s * 1e6:.1f} us, "
+                f"bandwidth {prof.link.bandwidth_Bps / 1e9:.2f} GB/s")
+    return "\n".join(rows)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    from pipeline.cli import add_model_args, spec_from_args
+    from pipeline.export import write_json
+
+    p = argparse.ArgumentParser(prog="python -m costmodel.profile", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter,
+                                epilog="example:\n  python -m costmodel.profile --threads 1 --out deit_profile.json")
+    add_model_args(p)
+    p.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
+    p.add_argument("--threads", type=int, default=1, help="intra-op threads, as each stage will use (default 1)")
+    p.add_argument("--micro-sizes", default=None, help="comma-separated microbatch sizes (default: divisors of batch)")
+    p.add_argument("--repeats", type=int, default=3, help="timed repeats per size (default 3; median kept)")
+    p.add_argument("--reprofile", action="store_true", help="measure again even if a cached profile exists")
+    p.add_argument("--out", default=None, help="also write the profile JSON here")
+    args = p.parse_args(argv)
+    try:
+        spec = spec_from_args(args)
+        micro = [int(t) for t in args.micro_sizes.split(",")] if args.micro_sizes else None
+        if args.device == "cuda" and not torch.cuda.is_available():
+            raise PipesplitError("--device cuda but no GPU is visible: use --device cpu")
+        prof, cached = load_or_profile(spec, device=args.device, threads=args.threads, granularity=args.granularity,
+                                       micro_sizes=micro, reprofile=args.reprofile, repeats=args.repeats)
+    except (PipesplitError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(format_profile(prof))
+    print(f"({'cached' if cached else 'measured'}: {cache_path(spec, prof.key)})")
+    if args.out:
+        write_json(args.out, prof.to_dict())
+        print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

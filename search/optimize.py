@@ -1,0 +1,153 @@
+"""``python -m search.optimize``: an Optuna study whose trials are real pipeline runs.
+
+The cost model (``costmodel``) profiles the model once, seeds the study with its optimum and every
+reference policy, and prunes plans it predicts to be clearly behind the best one measured. Every other
+trial builds and times a real multi-process pipeline on a persistent pool. A confirmation round then
+re-measures the top plans, interleaved, before one is declared best and exported.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from pipeline.errors import PipesplitError
+
+EXAMPLES = """\
+examples:
+  python -m search.optimize --stages 4                       # DeiT-S, batch 32, CPU: what `make optimize` runs
+  python -m search.optimize --stages 2 --trials 12 --chunks 4,8,16
+  python -m search.optimize --model resnet50 --image-size 160 --batch-size 8 --stages 2
+  python -m search.optimize --stages 2 --storage results/study.log   # a journal file instead of SQLite
+  # resume: run the same command again; --trials is the study's total of measured trials
+  optuna-dashboard sqlite:///results/optuna.db              # look at the study in a browser
+"""
+
+DEFAULT_STORAGE = "sqlite:///results/optuna.db"
+
+
+def _parser() -> argparse.ArgumentParser:
+    from pipeline.cli import add_model_args, add_runtime_args
+
+    p = argparse.ArgumentParser(prog="python -m search.optimize", description=__doc__, epilog=EXAMPLES,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_model_args(p)
+    add_runtime_args(p)
+    s = p.add_argument_group("search")
+    s.add_argument("--stages", type=int, default=4, help="pipeline stages (default 4)")
+    s.add_argument("--chunks", default="1,2,4,8,16,32", help="candidate chunk counts, comma-separated; those not "
+                   "dividing the batch are dropped (default 1,2,4,8,16,32)")
+    s.add_argument("--trials", type=int, default=None,
+                   help="measured trials the study should hold in total (default 12 for 2 stages, 16 otherwise)")
+    s.add_argument("--timeout", type=float, default=None, help="stop starting new trials after this many seconds")
+    s.add_argument("--repeats", type=int, default=2, help="timed repeats per trial (default 2)")
+    s.add_argument("--trial-timeout", type=float, default=900.0, help="seconds before a trial counts as hung")
+    s.add_argument("--confirm-top", type=int, default=3, help="plans re-measured in the confirmation round (default 3)")
+    s.add_argument("--confirm-rounds", type=int, default=2, help="interleaved rounds of confirmation (default 2)")
+    s.add_argument("--no-prune", action="store_true", help="measure every plan the sampler asks for")
+    s.add_argument("--storage", default=DEFAULT_STORAGE, help=f"Optuna storage URL or journal file (default {DEFAULT_STORAGE})")
+    s.add_argument("--study-name", default=None, help="default: <model>-s<stages>-b<batch>-<device>")
+    s.add_argument("--out", default=None, help="best split JSON (default results/<study>/best_split.json)")
+    s.add_argument("--results-dir", default="results", help="where results/<study>/ goes (default results)")
+    s.add_argument("--no-progress", action="store_true", help="no progress bar")
+    return p
+
+
+def default_study_name(model: str, stages: int, batch: int, device: str, granularity: str) -> str:
+    name = f"{model}-s{stages}-b{batch}-{device}"
+    return name if granularity == "block" else f"{name}-{granularity}"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        return _run(args)
+    except PipesplitError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+
+def _run(args: argparse.Namespace) -> int:
+    import optuna
+
+    from costmodel.profile import load_or_profile
+    from pipeline.candidates import find_candidates
+    from pipeline.cli import spec_from_args
+    from pipeline.models import build_model
+    from pipeline.pool import StagePool, check_device, default_threads
+    from search.runner import Search
+    from search.space import feasible_chunks
+    from search.storage import open_storage
+
+    if args.stages < 2:
+        raise PipesplitError(f"--stages must be at least 2 (got {args.stages})")
+    for flag in ("repeats", "confirm_rounds"):
+        if getattr(args, flag) < 1:
+            raise PipesplitError(f"--{flag.replace('_', '-')} must be at least 1 (got {getattr(args, flag)})")
+    if args.trials is not None and args.trials < 1:
+        raise PipesplitError(f"--trials must be at least 1 (got {args.trials})")
+    try:
+        wanted = [int(c) for c in args.chunks.split(",") if c.strip()]
+    except ValueError:
+        raise PipesplitError(f"--chunks {args.chunks!r} must be comma-separated integers, e.g. 1,4,16") from None
+    device = args.device or "cpu"
+    check_device(device, args.stages)
+    storage = open_storage(args.storage)
+    spec = spec_from_args(args)
+    chunks = feasible_chunks(spec.batch_size, wanted)
+    if not chunks:
+        raise PipesplitError(f"none of --chunks {args.chunks} divides batch size {spec.batch_size}: "
+                             f"use divisors such as 1,2,4")
+    cands = find_candidates(build_model(spec), spec, args.granularity)
+    if args.stages > cands.max_stages:
+        raise PipesplitError(f"--stages {args.stages} is too many for {spec.name}: it has {len(cands.cuts)} cut "
+                             f"points at {cands.granularity} granularity, so at most {cands.max_stages} stages")
+    threads = args.threads_per_stage or default_threads(args.stages)
+    trials = args.trials or (12 if args.stages == 2 else 16)
+    name = args.study_name or default_study_name(spec.name, args.stages, spec.batch_size, device, args.granularity)
+    outdir = Path(args.results_dir) / name
+    config = {"model": spec.key, "stages": args.stages, "granularity": args.granularity, "device": device,
+              "threads_per_stage": threads, "backend": args.backend or "torch", "schedule": args.schedule or "GPipe"}
+    study = optuna.create_study(study_name=name, storage=storage, direction="maximize", load_if_exists=True,
+                                sampler=optuna.samplers.TPESampler(seed=args.seed, multivariate=True,
+                                                                   n_startup_trials=4))
+    old = study.user_attrs.get("config")
+    if old is not None and old != config:
+        diff = [k for k in config if old.get(k) != config[k]]
+        raise PipesplitError(f"study {name!r} in {args.storage} was run with other settings ({', '.join(diff)}): "
+                             "pass --study-name to start a new study, or the same flags to resume it")
+    study.set_user_attr("config", config)
+    study.set_user_attr("model_spec", spec.to_dict())
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    prof, cached = load_or_profile(spec, device=device, threads=threads, granularity=args.granularity,
+                                   micro_sizes=[spec.batch_size // c for c in chunks],
+                                   root=Path(args.results_dir) / "profiles")
+    print(f"study {name} in {args.storage}: {len(cands.cuts)} cut points, chunks {chunks}, "
+          f"{threads} thread(s)/stage; profile {'from cache' if cached else 'measured'}", flush=True)
+    started = time.monotonic()
+    with StagePool(args.stages, device=device, threads_per_stage=threads) as pool:
+        search = Search(study=study, pool=pool, profile=prof, cands=cands, spec=spec, stages=args.stages,
+                        chunks=chunks, threads=threads, backend=args.backend or "torch",
+                        schedule=args.schedule or "GPipe", device=device, repeats=args.repeats,
+                        trial_timeout=args.trial_timeout, prune=not args.no_prune, progress=not args.no_progress)
+        interrupted = False
+        try:
+            search.seed_study()
+            search.optimize(trials, timeout=args.timeout, started=started)
+            confirmation = search.confirm(args.confirm_top, args.confirm_rounds)
+        except KeyboardInterrupt:
+            interrupted = True
+            confirmation = None
+            print("\ninterrupted: keeping every finished trial and exporting the best so far", file=sys.stderr)
+    from search.export import export
+
+    paths = export(study, search, outdir, confirmation=confirmation, out=args.out, storage_url=args.storage)
+    for p in paths:
+        print(f"wrote {p}")
+    return 130 if interrupted else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,245 @@
+"""The search loop: seed, ask, predict, prune or measure, tell; then confirm the top plans.
+
+Pruning rule ("clearly behind"): once 3 plans are measured, the cost model's predicted speedup of a
+new plan is corrected by the most optimistic measured/predicted ratio seen so far; if even that falls
+below 97 % of the best measured speedup (inside the ~5 % noise of one trial, so a plan that could tie
+is still run), the plan is pruned without a run. Enqueued seeds always run.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import optuna
+
+from costmodel.simulate import simulate
+from costmodel.types import Profile
+from pipeline.candidates import Candidates
+from pipeline.plan import SplitPlan, SplitPoint
+from pipeline.pool import StagePool
+from pipeline.result import TrialResult
+from pipeline.spec import ModelSpec
+from search.references import seeds
+from search.space import cut_ranges, decode, encode, violation
+
+MEASURED = "measured"
+PRUNE_AFTER = 3
+PRUNE_MARGIN = 0.97
+
+
+class TrialFailed(Exception):
+    """A real trial that did not produce a speedup (its reason is in the trial's user attributes)."""
+
+
+@dataclass
+class Search:
+    study: optuna.Study
+    pool: StagePool
+    profile: Profile
+    cands: Candidates
+    spec: ModelSpec
+    stages: int
+    chunks: list[int]
+    threads: int
+    backend: str
+    schedule: str
+    device: str
+    repeats: int
+    trial_timeout: float
+    prune: bool = True
+    progress: bool = True
+    results: dict[int, TrialResult] = field(default_factory=dict)
+
+    # ---- plans -------------------------------------------------------------------------------
+    def plan(self, points: tuple[SplitPoint, ...], chunks: int) -> SplitPlan:
+        return SplitPlan(model=self.spec, split_points=points, chunks=chunks, backend=self.backend,
+                         schedule=self.schedule, device=self.device, threads_per_stage=self.threads)
+
+    def plan_for_cuts(self, cuts: list[int] | tuple[int, ...], chunks: int) -> SplitPlan:
+        return self.plan(tuple(SplitPoint(self.profile.segments[c].fqn) for c in cuts), chunks)
+
+    @staticmethod
+    def plan_key(plan: SplitPlan) -> str:
+        return f"{[(p.fqn, p.kind) for p in plan.split_points]}|{plan.chunks}"
+
+    def measured_trials(self) -> list[optuna.trial.FrozenTrial]:
+        states = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.FAIL)
+        return [t for t in self.study.get_trials(deepcopy=False, states=states) if t.user_attrs.get(MEASURED)]
+
+    def best_measured(self) -> optuna.trial.FrozenTrial | None:
+        ok = [t for t in self.measured_trials() if t.state == optuna.trial.TrialState.COMPLETE]
+        return max(ok, key=lambda t: t.value) if ok else None
+
+    # ---- seeding -----------------------------------------------------------------------------
+    def seed_study(self) -> None:
+        """Enqueue the references once per study (a resumed study keeps the ones it has)."""
+        if self.study.user_attrs.get("seeded"):
+            return
+        for s in seeds(self.profile, self.cands, self.stages, self.chunks):
+            if s.cuts is not None:
+                self.study.enqueue_trial(encode(s.cuts, s.chunks), user_attrs={"source": s.source})
+            else:
+                plan = self.plan(s.points or (), s.chunks)
+                self.study.enqueue_trial({}, user_attrs={"source": s.source, "fixed_plan": plan.to_dict()})
+        self.study.set_user_attr("seeded", True)
+
+    # ---- one trial ---------------------------------------------------------------------------
+    def objective(self, trial: optuna.Trial) -> float:
+        fixed = trial.user_attrs.get("fixed_plan")
+        source = trial.user_attrs.get("source")
+        if source is None:
+            trial.set_user_attr("source", "tpe")
+        prediction = None
+        if fixed:
+            plan = SplitPlan.from_dict(fixed)
+        else:
+            cuts = [trial.suggest_int(f"cut_{i}", lo, hi) for i, (lo, hi) in
+                    enumerate(cut_ranges(len(self.profile.segments), self.stages))]
+            chunks = trial.suggest_categorical("chunks", self.chunks)
+            v = violation(cuts)
+            trial.set_constraint("cut_order", v)
+            if v > 0:
+                trial.set_user_attr("infeasible", f"cuts {cuts} are not increasing")
+                raise optuna.TrialPruned("infeasible: cuts not increasing")
+            plan = self.plan_for_cuts(cuts, chunks)
+            prediction = simulate(self.profile, cuts, chunks, self.schedule)
+            trial.set_user_attr("predicted_speedup", prediction.speedup)
+            trial.set_user_attr("predicted_s", prediction.makespan_s)
+            trial.set_user_attr("predicted_bubble", prediction.bubble_fraction)
+            trial.set_user_attr("stage_blocks", [b - a for a, b in zip([0, *cuts], [*cuts, len(self.profile.segments)])])
+        trial.set_user_attr("split_points", [p.fqn if p.kind == "BEGINNING" else f"{p.fqn}:END"
+                                             for p in plan.split_points])
+        trial.set_user_attr("chunks", plan.chunks)
+        trial.set_user_attr("plan", plan.to_dict())
+        key = self.plan_key(plan)
+        for t in self.measured_trials():
+            if t.user_attrs.get("plan_key") == key and t.state == optuna.trial.TrialState.COMPLETE:
+                trial.set_user_attr("duplicate_of", t.number)
+                return float(t.value)
+        if self.prune and source is None and prediction is not None:
+            self._maybe_prune(trial, prediction.speedup)
+        trial.set_user_attr("plan_key", key)
+        trial.set_user_attr(MEASURED, True)
+        try:
+            result = self.pool.run(plan, repeats=self.repeats, warmup=1, timeout_s=self.trial_timeout,
+                                   serial_all=False)
+        except KeyboardInterrupt:
+            trial.set_user_attr(MEASURED, False)  # an interrupted run measured nothing; resume runs it again
+            trial.set_user_attr("fail_reason", "interrupted")
+            raise
+        self.results[trial.number] = result
+        for k, v in _result_attrs(result).items():
+            trial.set_user_attr(k, v)
+        if not result.ok:
+            raise TrialFailed(result.reason)
+        return result.speedup
+
+    def _maybe_prune(self, trial: optuna.Trial, predicted: float) -> None:
+        done = [t for t in self.measured_trials() if t.state == optuna.trial.TrialState.COMPLETE
+                and t.user_attrs.get("predicted_speedup")]
+        if len(done) < PRUNE_AFTER:
+            return
+        ratio = max(t.value / t.user_attrs["predicted_speedup"] for t in done)
+        best = max(t.value for t in done)
+        optimistic = predicted * ratio
+        if optimistic < PRUNE_MARGIN * best:
+            trial.set_user_attr("pruned_by", f"cost model: at best {optimistic:.2f}x vs measured best {best:.2f}x")
+            trial.report(optimistic, 0)
+            raise optuna.TrialPruned()
+
+    # ---- the loop ----------------------------------------------------------------------------
+    def optimize(self, trials: int, *, timeout: float | None = None, started: float | None = None) -> None:
+        """Run until the study holds ``trials`` measured trials (a resumed study counts what it has)."""
+        from tqdm import tqdm
+
+        started = started or time.monotonic()
+        done = len(self.measured_trials())
+        bar = tqdm(total=trials, initial=min(done, trials), desc="trials", unit="trial", disable=not self.progress,
+                   dynamic_ncols=True)
+        idle = 0
+        try:
+            while done < trials:
+                if timeout is not None and time.monotonic() - started > timeout:
+                    break
+                self.study.optimize(self.objective, n_trials=1, catch=(TrialFailed,))
+                now = len(self.measured_trials())
+                if now > done:
+                    bar.update(now - done)
+                    idle = 0
+                else:
+                    idle += 1
+                    if idle >= 200:  # the sampler keeps asking for plans already measured or pruned
+                        print("\nstopping early: the sampler keeps proposing measured, pruned or infeasible plans")
+                        break
+                done = now
+                best = self.best_measured()
+                last = self.study.trials[-1]
+                bar.set_postfix_str(f"best {best.value:.2f}x" if best else "best -", refresh=False)
+                bar.set_description(f"trials (last: {last.user_attrs.get('source', '?')} {last.state.name.lower()})")
+        finally:
+            bar.close()
+
+    # ---- confirmation ------------------------------------------------------------------------
+    def confirm(self, top: int, rounds: int) -> dict[str, Any]:
+        """Re-measure the top plans and PiPPy's equal-size plan, interleaved round by round."""
+        ok = sorted((t for t in self.measured_trials() if t.state == optuna.trial.TrialState.COMPLETE),
+                    key=lambda t: t.value, reverse=True)
+        chosen: list[optuna.trial.FrozenTrial] = []
+        seen: set[str] = set()
+        for t in ok:
+            if len(chosen) < top and t.user_attrs["plan_key"] not in seen:
+                chosen.append(t)
+                seen.add(t.user_attrs["plan_key"])
+        pippy = next((t for t in ok if "pippy-equal-size" in str(t.user_attrs.get("source"))), None)
+        if pippy is not None and pippy.user_attrs["plan_key"] not in seen:
+            chosen.append(pippy)
+        speedups: dict[int, list[float]] = {t.number: [] for t in chosen}
+        last: dict[int, TrialResult] = {}
+        from tqdm import tqdm
+
+        steps = [(r, t) for r in range(rounds) for t in chosen]
+        for _, t in tqdm(steps, desc="confirming", unit="run", disable=not self.progress or not steps):
+            plan = SplitPlan.from_dict(t.user_attrs["plan"])
+            res = self.pool.run(plan, repeats=self.repeats, warmup=1, timeout_s=self.trial_timeout, serial_all=True)
+            if res.ok:
+                speedups[t.number].extend(res.speedups)
+                last[t.number] = res
+        table = []
+        for t in chosen:
+            s = speedups[t.number]
+            table.append({"trial": t.number, "source": t.user_attrs.get("source"),
+                          "split_points": t.user_attrs["split_points"], "chunks": t.user_attrs["chunks"],
+                          "search_speedup": t.value, "speedups": s,
+                          "median": statistics.median(s) if s else math.nan,
+                          "spread": [min(s), max(s)] if s else [math.nan, math.nan],
+                          "predicted_speedup": t.user_attrs.get("predicted_speedup")})
+        finite = [r for r in table if not math.isnan(r["median"])]
+        best = max(finite, key=lambda r: r["median"]) if finite else None
+        out = {"rounds": rounds, "repeats_per_run": self.repeats, "plans": table,
+               "best_trial": best["trial"] if best else None}
+        if best is not None:
+            self.results[-1] = last[best["trial"]]
+        self.study.set_user_attr("confirmation", out)
+        return out
+
+
+def _result_attrs(result: TrialResult) -> dict[str, Any]:
+    if not result.ok:
+        return {"fail_reason": result.reason}
+    lo, hi = result.speedup_spread
+    return {
+        "speedup_spread": [lo, hi],
+        "serial_s": list(result.serial_s),
+        "pipeline_s": list(result.pipeline_s),
+        "measured_s": statistics.median(result.pipeline_s),
+        "stage_compute_s": list(result.stage_compute_s),
+        "stage_comm_s": list(result.stage_comm_s),
+        "boundary_bytes": list(result.boundary_bytes),
+        "max_abs_diff": result.max_abs_diff,
+        "output_check": "ok",
+        "trial_wall_s": result.wall_s,
+    }

@@ -1,0 +1,122 @@
+"""search.optimize end to end on a tiny model: real trials, real SQLite, resume, re-run, dashboard."""
+
+import json
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+
+import pytest
+
+from search.optimize import main
+from tests.conftest import TINY_VIT_ARGS
+
+pytestmark = [pytest.mark.slow, pytest.mark.multiprocess]
+
+STUDY = "tiny-e2e"
+
+
+def run_args(tmp, trials):
+    return [*TINY_VIT_ARGS, "--stages", "2", "--chunks", "1,2,4", "--trials", str(trials), "--repeats", "1",
+            "--confirm-top", "2", "--confirm-rounds", "1", "--threads-per-stage", "1", "--no-progress",
+            "--storage", f"sqlite:///{tmp}/optuna.db", "--study-name", STUDY, "--results-dir", str(tmp), "--seed", "1"]
+
+
+@pytest.fixture(scope="module")
+def searched(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("search")
+    assert main(run_args(tmp, 5)) == 0
+    return tmp
+
+
+def test_search_exports_a_confirmed_best_split(searched):
+    doc = json.loads((searched / STUDY / "best_split.json").read_text())
+    assert doc["stages"] == 2 and len(doc["split_points"]) == 1
+    assert doc["measured"]["confirmed"] is True and doc["measured"]["speedup"] > 0
+    assert doc["provenance"]["study"] == STUDY
+    csv = (searched / STUDY / "trials.csv").read_text()
+    assert "user_attrs_source" in csv and "pippy-equal-size" in csv
+    summary = (searched / STUDY / "summary.md").read_text()
+    assert "| BEST |" in summary and "pippy-equal-size" in summary
+
+
+def test_the_study_holds_the_seeds_and_measured_trials(searched):
+    import optuna
+
+    study = optuna.load_study(study_name=STUDY, storage=f"sqlite:///{searched}/optuna.db")
+    measured = [t for t in study.trials if t.user_attrs.get("measured")]
+    assert len(measured) == 5
+    sources = {t.user_attrs["source"] for t in measured}
+    assert "pippy-equal-size" in sources and any("costmodel-optimum" in s for s in sources)
+    ok = [t for t in measured if t.state == optuna.trial.TrialState.COMPLETE]
+    assert all(t.user_attrs["output_check"] == "ok" and t.user_attrs["split_points"] for t in ok)
+    assert study.user_attrs["confirmation"]["best_trial"] is not None
+
+
+def test_best_split_runs_again_with_pipeline_run(searched):
+    proc = subprocess.run([sys.executable, "-m", "pipeline.run", "--split", str(searched / STUDY / "best_split.json"),
+                           "--repeats", "1", "--no-serial-all"], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert "speedup" in proc.stdout
+
+
+def test_resume_adds_trials_to_the_same_study(searched):
+    import optuna
+
+    assert main(run_args(searched, 7)) == 0
+    study = optuna.load_study(study_name=STUDY, storage=f"sqlite:///{searched}/optuna.db")
+    assert len([t for t in study.trials if t.user_attrs.get("measured")]) == 7
+    assert len(optuna.get_all_study_summaries(f"sqlite:///{searched}/optuna.db")) == 1
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_dashboard_lists_the_study_and_its_trials(searched):
+    port = _free_port()
+    exe = __import__("shutil").which("optuna-dashboard") or str(
+        __import__("pathlib").Path(sys.executable).parent / "optuna-dashboard")
+    server = subprocess.Popen([exe, f"sqlite:///{searched}/optuna.db", "--host", "127.0.0.1", "--port", str(port)],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        base = f"http://127.0.0.1:{port}"
+        for _ in range(100):
+            try:
+                studies = json.load(urllib.request.urlopen(f"{base}/api/studies", timeout=2))
+                break
+            except OSError:
+                time.sleep(0.2)
+        else:
+            pytest.fail("optuna-dashboard did not answer")
+        study = next(s for s in studies["study_summaries"] if s["study_name"] == STUDY)
+        detail = json.load(urllib.request.urlopen(f"{base}/api/studies/{study['study_id']}", timeout=10))
+        trials = detail["trials"]
+        assert len(trials) >= 5
+        keys = {a["key"] for t in trials for a in t["user_attrs"]}
+        assert {"source", "split_points", "chunks", "measured"} <= keys
+    finally:
+        server.terminate()
+        server.wait(timeout=10)
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--model", "no_such_net"], "unknown timm model"),
+    (["--stages", "40"], "--stages 40 is too many"),
+    (["--chunks", "3,5"], "none of --chunks 3,5 divides batch size 8"),
+    (["--chunks", "a,b"], "must be comma-separated integers"),
+    (["--storage", "sqlite:////proc/no/such/dir/optuna.db"], "storage sqlite:////proc/no/such/dir/optuna.db"),
+    (["--storage", "mysql+nodriver://x@127.0.0.1:1/db"], "storage mysql+nodriver"),
+    (["--storage", "not-a-url"], "is neither a database URL"),
+])
+def test_bad_input_exits_non_zero_with_one_line(tmp_path, extra, message):
+    args = [*TINY_VIT_ARGS, "--stages", "2", "--storage", f"sqlite:///{tmp_path}/o.db", "--results-dir",
+            str(tmp_path), "--no-progress", *extra]
+    proc = subprocess.run([sys.executable, "-m", "search.optimize", *args], capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 2, proc.stderr
+    assert message in proc.stderr
+    assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr
