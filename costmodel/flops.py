@@ -34,11 +34,11 @@ EXTRA_HANDLES = {
 
 def count_flops(module: nn.Module, inputs: tuple[Any, ...]) -> int:
     """Total MACs of ``module(*inputs)``, fused attention included."""
-    from fvcore.nn import FlopCountAnalysis
-
     logging.getLogger("fvcore").setLevel(logging.ERROR)
     with torch.no_grad(), warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # jit tracer chatter; the count is what matters
+        warnings.simplefilter("ignore")  # jit tracer and deprecation chatter; the count is what matters
+        from fvcore.nn import FlopCountAnalysis
+
         analysis = FlopCountAnalysis(module, inputs)
         analysis.set_op_handle(**EXTRA_HANDLES)
         analysis.unsupported_ops_warnings(False).uncalled_modules_warnings(False).tracer_warnings("none")

@@ -248,6 +248,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--repeats", type=int, default=3, help="timed repeats per size (default 3; median kept)")
     p.add_argument("--reprofile", action="store_true", help="measure again even if a cached profile exists")
     p.add_argument("--out", default=None, help="also write the profile JSON here")
+    p.add_argument("--cache-dir", default=str(PROFILE_DIR), help=f"profile cache folder (default {PROFILE_DIR})")
     args = p.parse_args(argv)
     try:
         spec = spec_from_args(args)
@@ -255,12 +256,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.device == "cuda" and not torch.cuda.is_available():
             raise PipesplitError("--device cuda but no GPU is visible: use --device cpu")
         prof, cached = load_or_profile(spec, device=args.device, threads=args.threads, granularity=args.granularity,
-                                       micro_sizes=micro, reprofile=args.reprofile, repeats=args.repeats)
+                                       micro_sizes=micro, reprofile=args.reprofile, repeats=args.repeats,
+                                       root=Path(args.cache_dir))
     except (PipesplitError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     print(format_profile(prof))
-    print(f"({'cached' if cached else 'measured'}: {cache_path(spec, prof.key)})")
+    print(f"({'cached' if cached else 'measured'}: {cache_path(spec, prof.key, Path(args.cache_dir))})")
     if args.out:
         write_json(args.out, prof.to_dict())
         print(f"wrote {args.out}")

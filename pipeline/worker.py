@@ -128,6 +128,7 @@ class _Rank:
             else torch.device("cpu")
         self.models: dict[str, nn.Module] = {}
         self.refs: dict[str, torch.Tensor] = {}
+        self.warm: set[tuple[str, int]] = set()
         self.peak = _Peak(self.device)
 
     def sync(self) -> None:
@@ -138,6 +139,7 @@ class _Rank:
         if spec.key not in self.models:
             self.models.clear()
             self.refs.clear()
+            self.warm.clear()
             self.models[spec.key] = build_model(spec).to(self.device)
         return self.models[spec.key]
 
@@ -205,10 +207,13 @@ class _Rank:
                     return out
                 for _ in range(opts["warmup"]):
                     self._pipeline_once(stage, x, clock)
-                if opts.get("serial", True):
+                # the serial model stays warm in this worker: warm it up once per model and thread count
+                if opts.get("serial", True) and (plan.model.key, plan.threads_per_stage) not in self.warm:
                     self._serial(model, x, None)
-                if opts["serial_all"] and serial_threads:
+                    self.warm.add((plan.model.key, plan.threads_per_stage))
+                if opts["serial_all"] and serial_threads and (plan.model.key, serial_threads) not in self.warm:
                     self._serial(model, x, serial_threads)
+                    self.warm.add((plan.model.key, serial_threads))
                 serial, serial_all, pipe, compute, comm = [], [], [], [], []
                 events: list[tuple[int, float, float]] = []
                 for _ in range(opts["repeats"]):

@@ -40,11 +40,12 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--chunks", default="1,2,4,8,16,32", help="candidate chunk counts, comma-separated; those not "
                    "dividing the batch are dropped (default 1,2,4,8,16,32)")
     s.add_argument("--trials", type=int, default=None,
-                   help="measured trials the study should hold in total (default 12 for 2 stages, 16 otherwise)")
+                   help="measured trials the study should hold in total (default 12 for 2 stages, 14 otherwise)")
     s.add_argument("--timeout", type=float, default=None, help="stop starting new trials after this many seconds")
     s.add_argument("--repeats", type=int, default=2, help="timed repeats per trial (default 2)")
     s.add_argument("--trial-timeout", type=float, default=900.0, help="seconds before a trial counts as hung")
-    s.add_argument("--confirm-top", type=int, default=3, help="plans re-measured in the confirmation round (default 3)")
+    s.add_argument("--confirm-top", type=int, default=2,
+                   help="best plans re-measured in the confirmation round, with PiPPy's equal-size plan (default 2)")
     s.add_argument("--confirm-rounds", type=int, default=2, help="interleaved rounds of confirmation (default 2)")
     s.add_argument("--no-prune", action="store_true", help="measure every plan the sampler asks for")
     s.add_argument("--storage", default=DEFAULT_STORAGE, help=f"Optuna storage URL or journal file (default {DEFAULT_STORAGE})")
@@ -105,7 +106,7 @@ def _run(args: argparse.Namespace) -> int:
         raise PipesplitError(f"--stages {args.stages} is too many for {spec.name}: it has {len(cands.cuts)} cut "
                              f"points at {cands.granularity} granularity, so at most {cands.max_stages} stages")
     threads = args.threads_per_stage or default_threads(args.stages)
-    trials = args.trials or (12 if args.stages == 2 else 16)
+    trials = args.trials or (12 if args.stages == 2 else 14)
     name = args.study_name or default_study_name(spec.name, args.stages, spec.batch_size, device, args.granularity)
     outdir = Path(args.results_dir) / name
     config = {"model": spec.key, "stages": args.stages, "granularity": args.granularity, "device": device,

@@ -125,7 +125,8 @@ class Search:
         trial.set_user_attr("plan_key", key)
         trial.set_user_attr(MEASURED, True)
         try:
-            result = self.pool.run(plan, repeats=self.repeats, warmup=1, timeout_s=self.trial_timeout,
+            # warmup=0: the output check just ran the freshly built pipeline once, which is its warm-up
+            result = self.pool.run(plan, repeats=self.repeats, warmup=0, timeout_s=self.trial_timeout,
                                    serial_all=False)
         except KeyboardInterrupt:
             trial.set_user_attr(MEASURED, False)  # an interrupted run measured nothing; resume runs it again
@@ -204,7 +205,7 @@ class Search:
         steps = [(r, t) for r in range(rounds) for t in chosen]
         for _, t in tqdm(steps, desc="confirming", unit="run", disable=not self.progress or not steps):
             plan = SplitPlan.from_dict(t.user_attrs["plan"])
-            res = self.pool.run(plan, repeats=self.repeats, warmup=1, timeout_s=self.trial_timeout, serial_all=True)
+            res = self.pool.run(plan, repeats=self.repeats, warmup=0, timeout_s=self.trial_timeout, serial_all=True)
             if res.ok:
                 speedups[t.number].extend(res.speedups)
                 last[t.number] = res

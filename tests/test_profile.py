@@ -1,0 +1,62 @@
+"""costmodel.profile on a tiny ViT: segments as the pipeline runs them, the link, the cache."""
+
+import json
+
+import pytest
+
+from costmodel.flops import count_flops
+from costmodel.profile import load_or_profile, main
+from costmodel.types import Profile
+from pipeline.models import build_model, example_input
+
+pytestmark = [pytest.mark.slow, pytest.mark.multiprocess]
+
+
+@pytest.fixture(scope="module")
+def cached(tmp_path_factory, tiny_spec):
+    root = tmp_path_factory.mktemp("profiles")
+    prof, was_cached = load_or_profile(tiny_spec, threads=1, micro_sizes=[2, 8], root=root, repeats=2, quiet=True)
+    assert not was_cached
+    return root, prof
+
+
+def test_segments_cover_the_model(cached, tiny_spec):
+    _, prof = cached
+    assert prof.fqns == ("patch_embed", "blocks.0", "blocks.1", "blocks.2", "blocks.3", "norm", "head")
+    whole = count_flops(build_model(tiny_spec), (example_input(tiny_spec)[:1],))
+    assert abs(prof.total_flops - whole) / whole < 0.01
+    params = sum(p.numel() * 4 for p in build_model(tiny_spec).parameters())
+    assert sum(s.param_bytes for s in prof.segments) == params
+    tokens = (32 // 8) ** 2 + 1
+    assert prof.segments[1].out_bytes == tokens * 48 * 4  # between blocks: the token tensor
+    assert prof.segments[-2].out_bytes == 48 * 4  # before the head: the pooled feature
+    assert prof.segments[-1].out_bytes == 0
+    assert sorted(prof.segments[1].latency_s) == [2, 8]
+    assert all(t > 0 for s in prof.segments for t in s.latency_s.values())
+    assert prof.link.bandwidth_Bps > 0 and prof.link.latency_s >= 0 and len(prof.link.samples) >= 2
+
+
+def test_cache_hit_then_reprofile(cached, tiny_spec):
+    root, prof = cached
+    again, was_cached = load_or_profile(tiny_spec, threads=1, micro_sizes=[2, 8], root=root, quiet=True)
+    assert was_cached and again == prof
+    other, was_cached = load_or_profile(tiny_spec, threads=1, micro_sizes=[4, 8], root=root, quiet=True, repeats=1)
+    assert not was_cached and sorted(other.segments[0].latency_s) == [4, 8]
+    assert len(list(root.glob("*.json"))) == 2
+
+
+def test_json_round_trip_and_cli_table(cached, capsys, tmp_path):
+    root, prof = cached
+    path = next(root.glob("*.json"))
+    data = json.loads(path.read_text())
+    assert {"total_flops", "segments"} <= set(data)
+    assert {"fqn", "flops", "param_bytes", "out_bytes", "latency_s"} <= set(data["segments"][0])
+    assert Profile.from_dict(data) == prof
+    from tests.conftest import TINY_VIT_ARGS
+
+    out = tmp_path / "p.json"
+    assert main([*TINY_VIT_ARGS, "--threads", "1", "--micro-sizes", "2,8", "--cache-dir", str(root),
+                 "--out", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "blocks.3" in text and "link (gloo)" in text and "(cached:" in text
+    assert json.loads(out.read_text())["total_flops"] == prof.total_flops
