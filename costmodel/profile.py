@@ -112,12 +112,13 @@ def _trace_all_cuts(model: torch.nn.Module, cands: Candidates, x: torch.Tensor) 
     return pipe.split_gm
 
 
-def profile_key(spec: ModelSpec, device: str, threads: int, granularity: str, micro_sizes: Sequence[int]) -> str:
+def profile_key(spec: ModelSpec, device: str, threads: int, granularity: str, micro_sizes: Sequence[int],
+                concurrency: int = 1) -> str:
     from importlib import metadata
 
     blob = json.dumps({"model": spec.key, "device": device, "threads": threads, "granularity": granularity,
-                       "micro": list(micro_sizes), "torch": torch.__version__, "timm": metadata.version("timm")},
-                      sort_keys=True)
+                       "micro": list(micro_sizes), "concurrency": concurrency, "torch": torch.__version__,
+                       "timm": metadata.version("timm")}, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
@@ -134,75 +135,104 @@ def measure_link(device: str, sizes: Sequence[int], repeats: int = 5) -> Link:
     return fit_link(samples, "nccl" if device == "cuda" else "gloo")
 
 
+def measure_segments(spec: ModelSpec, *, granularity: str, micro: Sequence[int], repeats: int, warmup: int,
+                     device: torch.device, count: bool = True, together: Any = None) -> dict[str, Any]:
+    """This process's measurements of every segment; ``together()`` lines ranks up before each size's timing."""
+    sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
+    model = build_model(spec).to(device)
+    cands = find_candidates(build_model(spec), spec, granularity)
+    n = len(cands.blocks)
+    x_all = example_input(spec, device)
+    out: dict[str, Any] = {"blocks": list(cands.blocks), "lat": {}, "spread": {}}
+    for m in micro:
+        gm = _trace_all_cuts(model, cands, x_all[:m])
+        runner = _SegmentRunner(gm, sync)
+        names = stage_targets(gm)
+        samples: list[list[float]] = [[] for _ in range(n)]
+        if together is not None:
+            together()
+        with torch.no_grad():
+            for i in range(warmup + repeats):
+                runner.run(x_all[:m])
+                if i >= warmup:
+                    for k in range(n):
+                        samples[k].append(runner.times[names[k]])
+        out["lat"][m] = [statistics.median(v) for v in samples]
+        out["spread"][m] = [(min(v), max(v)) for v in samples]
+        if count and "flops" not in out:
+            out["cross"] = [b // m for b in _crossing_bytes(gm, runner.values, n)]
+            mods = dict(gm.named_children())
+            out["params"] = [sum(p.numel() * p.element_size() for p in mods[t].parameters())
+                             + sum(b.numel() * b.element_size() for b in mods[t].buffers()) for t in names]
+            out["flops"] = [count_flops(mods[t], runner.inputs[t]) // m for t in names]
+    return out
+
+
 def profile_model(spec: ModelSpec, *, device: str = "cpu", threads: int = 1, granularity: str = "block",
                   micro_sizes: Sequence[int] | None = None, repeats: int = 3, warmup: int = 1,
-                  link: Link | None = None, progress: Any = None) -> Profile:
-    """Measure a fresh profile (see the module docstring)."""
+                  concurrency: int = 1, link: Link | None = None) -> Profile:
+    """Measure a fresh profile (see the module docstring).
+
+    With ``concurrency`` S > 1 the segments are timed in S stage workers at once, each on its own
+    threads, as the stages of an S-stage pipeline run: on a machine whose cores the stages share, a
+    segment is slower beside its neighbours than alone (measured here on 2 cores: about 20 % at
+    microbatch 2 for DeiT-S), and the prediction should see that.
+    """
     micro = sorted(set(micro_sizes or divisors(spec.batch_size)))
     if any(m < 1 or m > spec.batch_size for m in micro):
         raise PipesplitError(f"microbatch sizes {micro} must lie in 1..{spec.batch_size}")
     if spec.batch_size not in micro:
         micro.append(spec.batch_size)
-    before = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    dev = torch.device("cuda" if device == "cuda" else "cpu")
-    sync = (lambda: torch.cuda.synchronize(dev)) if dev.type == "cuda" else (lambda: None)
-    try:
-        model = build_model(spec).to(dev)
-        cands = find_candidates(build_model(spec), spec, granularity)
-        n = len(cands.blocks)
-        x_all = example_input(spec, dev)
-        lat: dict[int, list[float]] = {}
-        spread: dict[int, list[tuple[float, float]]] = {}
-        flops = params = cross = None
-        for m in micro:
-            gm = _trace_all_cuts(model, cands, x_all[:m])
-            runner = _SegmentRunner(gm, sync)
-            names = stage_targets(gm)
-            samples: list[list[float]] = [[] for _ in range(n)]
-            with torch.no_grad():
-                for i in range(warmup + repeats):
-                    runner.run(x_all[:m])
-                    if i >= warmup:
-                        for k in range(n):
-                            samples[k].append(runner.times[names[k]])
-            lat[m] = [statistics.median(s) for s in samples]
-            spread[m] = [(min(s), max(s)) for s in samples]
-            if flops is None:
-                cross = [b // m for b in _crossing_bytes(gm, runner.values, n)]
-                mods = dict(gm.named_children())
-                params = [sum(p.numel() * p.element_size() for p in mods[t].parameters())
-                          + sum(b.numel() * b.element_size() for b in mods[t].buffers()) for t in names]
-                flops = [count_flops(mods[t], runner.inputs[t]) // m for t in names]
-            if progress:
-                progress(m)
-        assert flops is not None and params is not None and cross is not None
+    if concurrency > 1:
+        from pipeline.pool import StagePool
+
+        with StagePool(concurrency, device=device, threads_per_stage=threads, quiet=True) as pool:
+            ranks = pool.profile(spec, granularity, micro, repeats, warmup)
+            samples = pool.measure_link(_link_sizes(ranks[0], micro)) if link is None else None
+        if samples is not None:
+            link = fit_link(samples, "nccl" if device == "cuda" else "gloo")
+        first = ranks[0]
+        lat = {m: [statistics.median(r["lat"][m][k] for r in ranks) for k in range(len(first["blocks"]))]
+               for m in micro}
+        spread = {m: [(min(r["spread"][m][k][0] for r in ranks), max(r["spread"][m][k][1] for r in ranks))
+                      for k in range(len(first["blocks"]))] for m in micro}
+    else:
+        before = torch.get_num_threads()
+        torch.set_num_threads(threads)
+        try:
+            first = measure_segments(spec, granularity=granularity, micro=micro, repeats=repeats, warmup=warmup,
+                                     device=torch.device("cuda" if device == "cuda" else "cpu"))
+        finally:
+            torch.set_num_threads(before)
+        lat, spread = first["lat"], first["spread"]
         if link is None:
-            sizes = sorted({max(4, b * m) for b in cross for m in micro} | {4, 1 << 20})
-            link = measure_link(device, sizes)
-    finally:
-        torch.set_num_threads(before)
+            link = measure_link(device, _link_sizes(first, micro))
+    n = len(first["blocks"])
     segments = tuple(
-        Segment(fqn=cands.blocks[k], flops=int(flops[k]), param_bytes=int(params[k]),
-                out_bytes=int(cross[k]) if k < n - 1 else 0,
-                latency_s={m: lat[m][k] for m in micro}, latency_spread={m: spread[m][k] for m in micro})
+        Segment(fqn=first["blocks"][k], flops=int(first["flops"][k]), param_bytes=int(first["params"][k]),
+                out_bytes=int(first["cross"][k]) if k < n - 1 else 0,
+                latency_s={m: lat[m][k] for m in micro}, latency_spread={m: tuple(spread[m][k]) for m in micro})
         for k in range(n)
     )
     from pipeline.export import provenance
 
     return Profile(model=spec.to_dict(), device=device, threads=threads, granularity=granularity,
-                   batch_size=spec.batch_size, segments=segments, link=link,
-                   versions=provenance(), key=profile_key(spec, device, threads, granularity, micro))
+                   batch_size=spec.batch_size, segments=segments, link=link, concurrency=concurrency,
+                   versions=provenance(), key=profile_key(spec, device, threads, granularity, micro, concurrency))
+
+
+def _link_sizes(measured: dict[str, Any], micro: Sequence[int]) -> list[int]:
+    return sorted({max(4, b * m) for b in measured["cross"] for m in micro} | {4, 1 << 20})
 
 
 def load_or_profile(spec: ModelSpec, *, device: str = "cpu", threads: int = 1, granularity: str = "block",
                     micro_sizes: Sequence[int] | None = None, reprofile: bool = False, root: Path = PROFILE_DIR,
-                    repeats: int = 3, quiet: bool = False) -> tuple[Profile, bool]:
+                    repeats: int = 3, concurrency: int = 1, quiet: bool = False) -> tuple[Profile, bool]:
     """(profile, whether it came from the cache): reuse ``results/profiles/`` unless told to measure again."""
     from pipeline.export import write_json
 
     micro = sorted(set(micro_sizes or divisors(spec.batch_size)) | {spec.batch_size})
-    key = profile_key(spec, device, threads, granularity, micro)
+    key = profile_key(spec, device, threads, granularity, micro, concurrency)
     path = cache_path(spec, key, root)
     if path.exists() and not reprofile:
         try:
@@ -210,10 +240,10 @@ def load_or_profile(spec: ModelSpec, *, device: str = "cpu", threads: int = 1, g
         except (ValueError, KeyError, json.JSONDecodeError):
             pass  # an unreadable or old cache entry is measured again
     if not quiet:
-        print(f"profiling {spec.name} (batch {spec.batch_size}, {threads} thread(s), {device}) at microbatch sizes "
-              f"{micro} ...", file=sys.stderr, flush=True)
+        print(f"profiling {spec.name} (batch {spec.batch_size}, {threads} thread(s), {device}, {concurrency} "
+              f"stage(s) at once) at microbatch sizes {micro} ...", file=sys.stderr, flush=True)
     prof = profile_model(spec, device=device, threads=threads, granularity=granularity, micro_sizes=micro,
-                         repeats=repeats)
+                         repeats=repeats, concurrency=concurrency)
     write_json(path, prof.to_dict())
     return prof, False
 
@@ -246,6 +276,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=1, help="intra-op threads, as each stage will use (default 1)")
     p.add_argument("--micro-sizes", default=None, help="comma-separated microbatch sizes (default: divisors of batch)")
     p.add_argument("--repeats", type=int, default=3, help="timed repeats per size (default 3; median kept)")
+    p.add_argument("--stages", type=int, default=1,
+                   help="time the segments in this many stage workers at once, as a pipeline of that many stages "
+                   "would run them (default 1: alone)")
     p.add_argument("--reprofile", action="store_true", help="measure again even if a cached profile exists")
     p.add_argument("--out", default=None, help="also write the profile JSON here")
     p.add_argument("--cache-dir", default=str(PROFILE_DIR), help=f"profile cache folder (default {PROFILE_DIR})")
@@ -257,7 +290,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise PipesplitError("--device cuda but no GPU is visible: use --device cpu")
         prof, cached = load_or_profile(spec, device=args.device, threads=args.threads, granularity=args.granularity,
                                        micro_sizes=micro, reprofile=args.reprofile, repeats=args.repeats,
-                                       root=Path(args.cache_dir))
+                                       concurrency=args.stages, root=Path(args.cache_dir))
     except (PipesplitError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

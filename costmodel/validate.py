@@ -51,7 +51,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         spec = spec_from_args(args)
         chunks = [int(c) for c in args.chunks.split(",")]
         prof, _ = load_or_profile(spec, device=args.device, threads=args.threads_per_stage,
-                                  granularity=args.granularity)
+                                  granularity=args.granularity, concurrency=args.stages)
         grid = [(cuts, m) for cuts in _grid_cuts(len(prof.segments), args.stages, args.cuts) for m in chunks
                 if spec.batch_size % m == 0]
         rows = []

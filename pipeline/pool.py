@@ -93,7 +93,8 @@ class StagePool:
         t = time.perf_counter()
         ctx = mp.get_context("spawn")
         cfg = WorkerConfig(world_size=self.stages, device=self.device,
-                           init_method=f"tcp://127.0.0.1:{_free_port()}", timeout_s=self.group_timeout_s)
+                           init_method=f"tcp://127.0.0.1:{_free_port()}", timeout_s=self.group_timeout_s,
+                           threads=self.threads_per_stage)
         for rank in range(self.stages):
             parent, child = ctx.Pipe()
             p = ctx.Process(target=worker_main, args=(rank, cfg, child), daemon=True, name=f"pipesplit-stage{rank}")
@@ -163,9 +164,12 @@ class StagePool:
         replies = self._collect(timeout_s)
         wall = time.perf_counter() - t
         failures = [r for r in replies if not (isinstance(r, tuple) and r[0] == "result")]
-        failures.sort(key=lambda f: f[0] != "dead")  # a death explains the hangs and errors it causes
         if failures:
-            reason = "; ".join(f[1] for f in failures[:2])
+            # a rank that failed explains the ranks left waiting on it
+            errors = [r[1]["error"] for r in replies if isinstance(r, tuple) and r[0] == "result"
+                      and isinstance(r[1], dict) and r[1].get("error")]
+            reason = "; ".join([*[f[1] for f in failures if f[0] == "dead"], *errors,
+                                *[f[1] for f in failures if f[0] != "dead"]][:2])
             self.restart()
             return TrialResult.failed(plan_dict, reason, wall_s=wall)
         ranks = [r[1] for r in replies]
@@ -207,6 +211,21 @@ class StagePool:
             why = bad[0][1] if isinstance(bad[0][1], str) else bad[0][1]["error"]
             raise PipesplitError(f"could not measure the link: {why}")
         return [(int(b), float(t)) for b, t in replies[0][1]["link"]]
+
+    def profile(self, spec: Any, granularity: str, micro: list[int], repeats: int, warmup: int,
+                timeout_s: float = 3600.0) -> list[dict[str, Any]]:
+        """Every rank times every segment at once (``costmodel.profile.measure_segments``); one dict per rank."""
+        if not self._procs:
+            self.start()
+        for conn in self._conns:
+            conn.send(("profile", spec.to_dict(), granularity, list(micro), repeats, warmup))
+        replies = self._collect(timeout_s)
+        bad = [r for r in replies if not (isinstance(r, tuple) and r[0] == "result") or r[1].get("error")]
+        if bad:
+            self.restart()
+            why = bad[0][1] if isinstance(bad[0][1], str) else bad[0][1]["error"]
+            raise PipesplitError(f"could not profile in the stage workers: {why}")
+        return [r[1] for r in replies]
 
     def restart(self) -> None:
         """Kill every worker and start a fresh group: the next trial runs on a clean pool."""

@@ -28,6 +28,14 @@ def _fresh(model: nn.Module) -> nn.Module:
     return copy.deepcopy(model)
 
 
+def _contiguous(mod: nn.Module, args: Any, out: Any) -> Any:
+    """Stage outputs go out through send(), which needs contiguous tensors; a cut before a ViT head
+    sends ``x[:, 0]``, a strided view ("input tensor has to be contiguous" from gloo otherwise)."""
+    from torch.utils._pytree import tree_map
+
+    return tree_map(lambda t: t.contiguous() if isinstance(t, torch.Tensor) else t, out)
+
+
 def _use_codegen(module: nn.Module) -> None:
     """Run unflattened stage modules as generated code, not node by node through ``fx.Interpreter``.
 
@@ -58,6 +66,7 @@ def _build_torch(plan: SplitPlan, model: nn.Module, x: torch.Tensor, rank: int, 
     def step(inp: torch.Tensor | None) -> Any:
         return schedule.step(inp) if rank == 0 else schedule.step()
 
+    stage.submod.register_forward_hook(_contiguous)
     return BuiltStage(module=stage.submod, step=step, num_stages=plan.stages)
 
 
@@ -78,6 +87,7 @@ def _build_pippy(plan: SplitPlan, model: nn.Module, x: torch.Tensor, rank: int, 
     def step(inp: torch.Tensor | None) -> Any:
         return stage(inp) if rank == 0 else stage()
 
+    stage.submod.register_forward_hook(_contiguous)
     return BuiltStage(module=stage.submod, step=step, num_stages=plan.stages)
 
 

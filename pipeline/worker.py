@@ -35,7 +35,7 @@ class WorkerConfig:
     device: str
     init_method: str
     timeout_s: float
-    first_rank: int = 0
+    threads: int = 1
 
 
 def _one_line(e: BaseException) -> str:
@@ -232,6 +232,18 @@ class _Rank:
                    events=events, peak_mem=self.peak.read(), busy_s=time.perf_counter() - t_recv)
         return out
 
+    def profile(self, spec_dict: dict[str, Any], granularity: str, micro: list[int], repeats: int,
+                warmup: int) -> dict[str, Any]:
+        """Time every segment here while the other ranks do the same (see ``costmodel.profile``)."""
+        from costmodel.profile import measure_segments
+
+        if self.device.type == "cpu":
+            torch.set_num_threads(self.cfg.threads)
+        out = measure_segments(ModelSpec.from_dict(spec_dict), granularity=granularity, micro=micro, repeats=repeats,
+                               warmup=warmup, device=self.device, count=self.rank == 0, together=dist.barrier)
+        dist.barrier()
+        return {"rank": self.rank, **out}
+
     def link(self, sizes: list[int], repeats: int) -> dict[str, Any]:
         """Ping-pong between ranks 0 and 1: median one-way seconds for each message size."""
         out = []
@@ -290,6 +302,8 @@ def worker_main(rank: int, cfg: WorkerConfig, conn: Any) -> None:
             torch.cuda.set_device(rank % torch.cuda.device_count())
         dist.init_process_group(backend, init_method=cfg.init_method, rank=rank, world_size=cfg.world_size,
                                 timeout=timedelta(seconds=cfg.timeout_s))
+        if cfg.device == "cpu":
+            torch.set_num_threads(cfg.threads)
         state = _Rank(rank, cfg)
         _preload()
         conn.send(("ready", rank))
@@ -303,6 +317,13 @@ def worker_main(rank: int, cfg: WorkerConfig, conn: Any) -> None:
             break
         if msg[0] == "stop":
             break
+        if msg[0] == "profile":
+            try:
+                conn.send(("result", state.profile(*msg[1:])))
+            except Exception as e:  # noqa: BLE001
+                conn.send(("result", {"rank": rank, "error": f"rank {rank} could not profile: {_one_line(e)}",
+                                      "fatal": True}))
+            continue
         if msg[0] == "link":
             try:
                 conn.send(("result", state.link(msg[1], msg[2])))

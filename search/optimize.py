@@ -124,7 +124,7 @@ def _run(args: argparse.Namespace) -> int:
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     prof, cached = load_or_profile(spec, device=device, threads=threads, granularity=args.granularity,
                                    micro_sizes=[spec.batch_size // c for c in chunks],
-                                   root=Path(args.results_dir) / "profiles")
+                                   root=Path(args.results_dir) / "profiles", concurrency=args.stages, repeats=2)
     print(f"study {name} in {args.storage}: {len(cands.cuts)} cut points, chunks {chunks}, "
           f"{threads} thread(s)/stage; profile {'from cache' if cached else 'measured'}", flush=True)
     started = time.monotonic()

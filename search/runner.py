@@ -29,6 +29,7 @@ from search.space import cut_ranges, decode, encode, violation
 MEASURED = "measured"
 PRUNE_AFTER = 3
 PRUNE_MARGIN = 0.97
+IDLE_LIMIT = 60  # proposals in a row that need no run before the search counts the space as exhausted
 
 
 class TrialFailed(Exception):
@@ -173,8 +174,9 @@ class Search:
                     idle = 0
                 else:
                     idle += 1
-                    if idle >= 200:  # the sampler keeps asking for plans already measured or pruned
-                        print("\nstopping early: the sampler keeps proposing measured, pruned or infeasible plans")
+                    if idle >= IDLE_LIMIT:
+                        print(f"\nstopping early: the last {IDLE_LIMIT} plans the sampler proposed were already "
+                              "measured, out of order, or predicted clearly behind the best")
                         break
                 done = now
                 best = self.best_measured()

@@ -44,6 +44,18 @@ def test_cut_inside_a_residual_block_sends_two_tensors(pool2, tiny_spec):
     assert r.serial_all_s == ()
 
 
+def test_cut_before_the_head_sends_a_strided_view(pool2, tiny_spec):
+    """A ViT head cut sends ``x[:, 0]``, a strided view: pipesplit makes stage outputs contiguous, which is
+    enough for torchpippy; torch.distributed.pipelining also allocates its receive buffer with the traced
+    strides and gloo refuses it, so that trial fails with the reason and the pool carries on."""
+    r = pool2.run(plan(tiny_spec, "pippy", at="head", chunks=2), repeats=1, serial_all=False)
+    assert r.ok, r.reason
+    assert r.boundary_bytes == (8 * 48 * 4,)
+    r = pool2.run(plan(tiny_spec, "torch", at="head", chunks=2), repeats=1, serial_all=False, timeout_s=120)
+    assert not r.ok and "input tensor has to be contiguous" in r.reason
+    assert pool2.run(plan(tiny_spec), repeats=1).ok
+
+
 def test_a_plan_that_cannot_build_fails_with_its_reason_and_the_pool_lives(pool2, tiny_spec):
     pids = pool2.pids
     r = pool2.run(plan(tiny_spec, at="blocks.99"), repeats=1)

@@ -60,3 +60,14 @@ def test_json_round_trip_and_cli_table(cached, capsys, tmp_path):
     text = capsys.readouterr().out
     assert "blocks.3" in text and "link (gloo)" in text and "(cached:" in text
     assert json.loads(out.read_text())["total_flops"] == prof.total_flops
+
+
+def test_concurrent_profile_times_segments_in_stage_workers(tiny_spec, tmp_path):
+    """concurrency=2: two stage workers time the segments at once, as a 2-stage pipeline runs them."""
+    prof, was_cached = load_or_profile(tiny_spec, threads=1, micro_sizes=[4, 8], root=tmp_path, repeats=1,
+                                       concurrency=2, quiet=True)
+    assert not was_cached and prof.concurrency == 2
+    assert prof.fqns[1] == "blocks.0" and prof.total_flops > 0
+    assert all(t > 0 for s in prof.segments for t in s.latency_s.values())
+    assert all(lo <= s.latency_s[m] <= hi for s in prof.segments for m, (lo, hi) in s.latency_spread.items())
+    assert json.loads(next(tmp_path.glob("*.json")).read_text())["concurrency"] == 2
