@@ -111,6 +111,7 @@ def _run(args: argparse.Namespace) -> int:
     outdir = Path(args.results_dir) / name
     config = {"model": spec.key, "stages": args.stages, "granularity": args.granularity, "device": device,
               "threads_per_stage": threads, "backend": args.backend or "torch", "schedule": args.schedule or "GPipe"}
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
     study = optuna.create_study(study_name=name, storage=storage, direction="maximize", load_if_exists=True,
                                 sampler=optuna.samplers.TPESampler(seed=args.seed, multivariate=True,
                                                                    n_startup_trials=4))
@@ -121,7 +122,6 @@ def _run(args: argparse.Namespace) -> int:
                              "pass --study-name to start a new study, or the same flags to resume it")
     study.set_user_attr("config", config)
     study.set_user_attr("model_spec", spec.to_dict())
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
     prof, cached = load_or_profile(spec, device=device, threads=threads, granularity=args.granularity,
                                    micro_sizes=[spec.batch_size // c for c in chunks],
                                    root=Path(args.results_dir) / "profiles", concurrency=args.stages, repeats=2)

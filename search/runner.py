@@ -180,7 +180,7 @@ class Search:
                         break
                 done = now
                 best = self.best_measured()
-                last = self.study.trials[-1]
+                last = next(t for t in reversed(self.study.trials) if t.state.is_finished())
                 bar.set_postfix_str(f"best {best.value:.2f}x" if best else "best -", refresh=False)
                 bar.set_description(f"trials (last: {last.user_attrs.get('source', '?')} {last.state.name.lower()})")
         finally:
