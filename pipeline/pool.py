@@ -198,34 +198,30 @@ class StagePool:
             events=tuple(tuple(tuple(e) for e in d["events"]) for d in ranks),
         )
 
-    def measure_link(self, sizes: list[int], repeats: int = 5, timeout_s: float = 300.0) -> list[tuple[int, float]]:
-        """(bytes, median one-way seconds) between ranks 0 and 1 of this pool's real backend."""
+    def _command(self, msg: tuple[Any, ...], timeout_s: float, what: str) -> list[dict[str, Any]]:
+        """Send one non-trial command to every rank; one reply dict per rank, or restart and raise."""
         if not self._procs:
             self.start()
         for conn in self._conns:
-            conn.send(("link", list(sizes), repeats))
+            conn.send(msg)
         replies = self._collect(timeout_s)
         bad = [r for r in replies if not (isinstance(r, tuple) and r[0] == "result") or r[1].get("error")]
         if bad:
             self.restart()
             why = bad[0][1] if isinstance(bad[0][1], str) else bad[0][1]["error"]
-            raise PipesplitError(f"could not measure the link: {why}")
-        return [(int(b), float(t)) for b, t in replies[0][1]["link"]]
+            raise PipesplitError(f"could not {what}: {why}")
+        return [r[1] for r in replies]
+
+    def measure_link(self, sizes: list[int], repeats: int = 5, timeout_s: float = 300.0) -> list[tuple[int, float]]:
+        """(bytes, median one-way seconds) between ranks 0 and 1 of this pool's real backend."""
+        ranks = self._command(("link", list(sizes), repeats), timeout_s, "measure the link")
+        return [(int(b), float(t)) for b, t in ranks[0]["link"]]
 
     def profile(self, spec: Any, granularity: str, micro: list[int], repeats: int, warmup: int,
                 timeout_s: float = 3600.0) -> list[dict[str, Any]]:
         """Every rank times every segment at once (``costmodel.profile.measure_segments``); one dict per rank."""
-        if not self._procs:
-            self.start()
-        for conn in self._conns:
-            conn.send(("profile", spec.to_dict(), granularity, list(micro), repeats, warmup))
-        replies = self._collect(timeout_s)
-        bad = [r for r in replies if not (isinstance(r, tuple) and r[0] == "result") or r[1].get("error")]
-        if bad:
-            self.restart()
-            why = bad[0][1] if isinstance(bad[0][1], str) else bad[0][1]["error"]
-            raise PipesplitError(f"could not profile in the stage workers: {why}")
-        return [r[1] for r in replies]
+        msg = ("profile", spec.to_dict(), granularity, list(micro), repeats, warmup)
+        return self._command(msg, timeout_s, "profile in the stage workers")
 
     def restart(self) -> None:
         """Kill every worker and start a fresh group: the next trial runs on a clean pool."""
