@@ -55,6 +55,19 @@ def check_device(device: str, stages: int) -> None:
         )
 
 
+def _aligned(ranks: list[dict[str, Any]], key: str, at: int) -> list[list[tuple]]:
+    """Each rank's events shifted onto one clock: ranks on one host share its monotonic clock, so the
+    offset between their starts is known exactly; across hosts each rank keeps its own (barrier-aligned) start."""
+    hosts = {d.get("host") for d in ranks}
+    t0s = [d.get("t0", float("nan")) for d in ranks]
+    base = min(t0s) if len(hosts) == 1 and all(t == t for t in t0s) else None
+    out = []
+    for d, t0 in zip(ranks, t0s):
+        shift = t0 - base if base is not None else 0.0
+        out.append([tuple(v + shift if i in (at, at + 1) else v for i, v in enumerate(e)) for e in d.get(key, [])])
+    return out
+
+
 class StagePool:
     """A persistent pool of ``stages`` worker processes forming one gloo (CPU) or NCCL (CUDA) group."""
 
@@ -115,11 +128,14 @@ class StagePool:
         out: list[Any] = [None] * len(self._conns)
         pending = set(range(len(self._conns)))
         deadline = time.monotonic() + timeout_s
+        failed: int | None = None
         while pending:
             left = deadline - time.monotonic()
             if left <= 0:
                 for r in pending:
-                    out[r] = ("timeout", f"rank {r} did not answer within {timeout_s:.0f}s (hung or deadlocked)")
+                    why = (f"rank {r} did not answer within {FATAL_GRACE_S:.0f}s of rank {failed}'s failure"
+                           if failed is not None else f"rank {r} did not answer within {timeout_s:.0f}s (hung or deadlocked)")
+                    out[r] = ("timeout", why)
                 break
             waitables: list[Any] = [self._conns[r] for r in pending] + [self._procs[r].sentinel for r in pending]
             wait(waitables, timeout=left)
@@ -131,6 +147,7 @@ class StagePool:
                         if isinstance(out[r], tuple) and isinstance(out[r][1], dict) and out[r][1].get("fatal"):
                             # its peers may now wait forever on it: give them a moment, not the whole timeout
                             deadline = min(deadline, time.monotonic() + FATAL_GRACE_S)
+                            failed = r if failed is None else failed
                         continue
                 except (EOFError, OSError):
                     pass  # the pipe closed: the worker is gone
@@ -143,7 +160,7 @@ class StagePool:
         return out
 
     def run(self, plan: SplitPlan, *, repeats: int = 3, warmup: int = 1, timeout_s: float = 900.0,
-            serial_all: bool = True, serial: bool = True) -> TrialResult:
+            serial_all: bool = True, serial: bool = True, trace_dir: str | None = None) -> TrialResult:
         """Run one real trial of ``plan``; a failure (bad build, wrong output, dead or hung rank) is a failed result."""
         if plan.stages != self.stages:
             raise PipesplitError(f"plan has {plan.stages} stages but the pool has {self.stages}: start a pool per stage count")
@@ -153,7 +170,8 @@ class StagePool:
             raise PipesplitError(f"repeats must be >= 1 and warmup >= 0 (got {repeats}, {warmup})")
         if not self._procs:
             self.start()
-        opts = {"repeats": repeats, "warmup": warmup, "serial_all": serial_all, "serial": serial}
+        opts = {"repeats": repeats, "warmup": warmup, "serial_all": serial_all, "serial": serial,
+                "trace_dir": os.path.abspath(trace_dir) if trace_dir else None}
         t = time.perf_counter()
         plan_dict = plan.to_dict()
         for conn in self._conns:
@@ -195,7 +213,9 @@ class StagePool:
             build_s=max(d["build_s"] for d in ranks),
             wall_s=wall,
             busy_s=max(d["busy_s"] for d in ranks),
-            events=tuple(tuple(tuple(e) for e in d["events"]) for d in ranks),
+            events=tuple(tuple(tuple(e) for e in ev) for ev in _aligned(ranks, "events", 1)),
+            comm_events=tuple(tuple(tuple(e) for e in ev) for ev in _aligned(ranks, "comm_events", 1)),
+            traces=tuple(d["trace"] for d in ranks if d.get("trace")),
         )
 
     def _command(self, msg: tuple[Any, ...], timeout_s: float, what: str) -> list[dict[str, Any]]:

@@ -48,6 +48,11 @@ class TrialResult:
     """Slowest rank's time from receiving the plan to answering: the trial's own work."""
     events: tuple[tuple[tuple[int, float, float], ...], ...] = ()
     """Per rank, (microbatch, start, end) of each compute span in the last timed repeat, seconds from its start."""
+    comm_events: tuple[tuple[tuple[str, float, float], ...], ...] = ()
+    """Per rank, (kind, start, end) of each send ('send' post, 'send_wait') and receive ('recv', post to
+    end of wait, so it includes waiting for the previous stage) in the same repeat, on the same clock."""
+    traces: tuple[str, ...] = ()
+    """Per rank, the torch.profiler chrome trace of one extra run (when asked for)."""
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -91,6 +96,8 @@ class TrialResult:
         for k in ("boundary_bytes", "peak_mem_bytes"):
             args[k] = tuple(int(x) for x in args.get(k, ()))
         args["events"] = tuple(tuple(tuple(e) for e in rank) for rank in args.get("events", ()))
+        args["comm_events"] = tuple(tuple(tuple(e) for e in rank) for rank in args.get("comm_events", ()))
+        args["traces"] = tuple(args.get("traces", ()))
         return cls(**args)
 
     @classmethod

@@ -24,6 +24,8 @@ examples:
       --batch-size 8 --stages 2 --chunks 4
   # run an exported best split again and save what it measured
   python -m pipeline.run --split results/<study>/best_split.json --repeats 5 --out rerun.json
+  # where the time goes: a Gantt chart of the stages and torch.profiler traces per rank
+  python -m pipeline.run --stages 2 --policy equal-size --chunks 8 --timeline t.png --profile results/traces
 """
 
 
@@ -68,6 +70,10 @@ def _parser() -> argparse.ArgumentParser:
     m.add_argument("--no-serial-all", action="store_true",
                    help="skip timing the serial model on all the pipeline's threads")
     m.add_argument("--out", metavar="FILE", help="write plan + measured result + provenance (best_split.json shape)")
+    m.add_argument("--timeline", metavar="PNG", help="draw the measured per-stage timeline (Gantt chart) of the last repeat")
+    m.add_argument("--profile", nargs="?", const="results/traces", default=None, metavar="DIR",
+                   help="one more run under torch.profiler: a chrome trace per rank in DIR (default results/traces; "
+                   "open in https://ui.perfetto.dev)")
     return p
 
 
@@ -151,8 +157,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"plan: {plan.describe()}, {plan.threads_per_stage} thread(s)/stage on {plan.device}", flush=True)
         with StagePool(plan.stages, device=plan.device, threads_per_stage=plan.threads_per_stage) as pool:
             result = pool.run(plan, repeats=args.repeats, warmup=args.warmup, timeout_s=args.timeout,
-                              serial_all=not args.no_serial_all)
+                              serial_all=not args.no_serial_all, trace_dir=args.profile)
         print(format_result(result))
+        for t in result.traces:
+            print(f"wrote {t}")
+        if args.timeline and result.ok:
+            from pipeline.timeline import Timeline, render
+
+            render(Timeline.from_result(result), args.timeline, title=f"{plan.describe()} - {result.speedup:.2f}x")
+            print(f"wrote {args.timeline}")
         if args.out:
             write_json(args.out, document(plan, result, command="pipeline.run"))
             print(f"wrote {args.out}")

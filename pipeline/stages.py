@@ -21,6 +21,8 @@ class BuiltStage:
     """The stage's own submodule, hooked to time compute."""
     step: Callable[[torch.Tensor | None], Any]
     num_stages: int
+    runtime: Any = None
+    """The runtime object that sends and receives (torchpippy's PipelineStage; the schedule for torch)."""
 
 
 def _fresh(model: nn.Module) -> nn.Module:
@@ -34,6 +36,26 @@ def _contiguous(mod: nn.Module, args: Any, out: Any) -> Any:
     from torch.utils._pytree import tree_map
 
     return tree_map(lambda t: t.contiguous() if isinstance(t, torch.Tensor) else t, out)
+
+
+def _contiguous_inputs(mod: nn.Module, args: Any, kwargs: Any) -> Any:
+    """Make what crosses a BEGINNING cut contiguous before the cut: the hook runs before ``forward``, where
+    ``annotate_split_points`` puts ``pipe_split()``. torch's pipelining allocates the receive buffer with
+    the traced strides, so a strided view (a ViT's ``x[:, 0]`` before ``head``) would arrive in a
+    non-contiguous buffer that gloo refuses ("input tensor has to be contiguous")."""
+    from torch.utils._pytree import tree_map
+
+    fix = lambda t: t.contiguous() if isinstance(t, torch.Tensor) else t  # noqa: E731
+    return tree_map(fix, args), tree_map(fix, kwargs)
+
+
+def _fresh_with_cuts(model: nn.Module, plan: SplitPlan) -> nn.Module:
+    """A private copy whose BEGINNING cut modules make their inputs contiguous (see ``_contiguous_inputs``)."""
+    fresh = _fresh(model)
+    for p in plan.split_points:
+        if p.kind == "BEGINNING":
+            fresh.get_submodule(p.fqn).register_forward_pre_hook(_contiguous_inputs, with_kwargs=True)
+    return fresh
 
 
 def _use_codegen(module: nn.Module) -> None:
@@ -55,7 +77,7 @@ def _build_torch(plan: SplitPlan, model: nn.Module, x: torch.Tensor, rank: int, 
     spec = {fqn: getattr(SplitPoint, kind) for fqn, kind in plan.split_spec().items()}
     mb = x.chunk(plan.chunks)[0]
     # Trace with autograd on: tracing under no_grad breaks torch's unflatten on some versions.
-    pipe = pipeline(_fresh(model), mb_args=(mb,), split_spec=spec)
+    pipe = pipeline(_fresh_with_cuts(model, plan), mb_args=(mb,), split_spec=spec)
     if pipe.num_stages != plan.stages:
         raise RuntimeError(f"tracing produced {pipe.num_stages} stages, the plan has {plan.stages}")
     stage = pipe.build_stage(rank, device, group)
@@ -67,7 +89,7 @@ def _build_torch(plan: SplitPlan, model: nn.Module, x: torch.Tensor, rank: int, 
         return schedule.step(inp) if rank == 0 else schedule.step()
 
     stage.submod.register_forward_hook(_contiguous)
-    return BuiltStage(module=stage.submod, step=step, num_stages=plan.stages)
+    return BuiltStage(module=stage.submod, step=step, num_stages=plan.stages, runtime=schedule)
 
 
 def _build_pippy(plan: SplitPlan, model: nn.Module, x: torch.Tensor, rank: int, device: torch.device,
@@ -88,7 +110,7 @@ def _build_pippy(plan: SplitPlan, model: nn.Module, x: torch.Tensor, rank: int, 
         return stage(inp) if rank == 0 else stage()
 
     stage.submod.register_forward_hook(_contiguous)
-    return BuiltStage(module=stage.submod, step=step, num_stages=plan.stages)
+    return BuiltStage(module=stage.submod, step=step, num_stages=plan.stages, runtime=stage)
 
 
 def build_stage(plan: SplitPlan, model: nn.Module, x: torch.Tensor, rank: int, device: torch.device,

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import time
 import traceback
 from dataclasses import dataclass
@@ -117,6 +118,89 @@ class _ComputeClock:
             h.remove()
 
 
+class _CommClock:
+    """Send and receive spans of the running schedule, on the compute clock's time base (for timelines)."""
+
+    def __init__(self, now: Any) -> None:
+        self.now = now
+        self.spans: list[tuple[str, Any, Any]] = []
+        self.pending: dict[int, Any] = {}
+
+    def add(self, kind: str, a: Any, b: Any) -> None:
+        self.spans.append((kind, a, b))
+
+    def reset(self) -> None:
+        self.spans.clear()
+        self.pending.clear()
+
+    def resolve(self, t0: Any, cuda: bool) -> list[tuple[str, float, float]]:
+        if cuda:
+            return [(k, t0.elapsed_time(a) / 1e3, t0.elapsed_time(b) / 1e3) for k, a, b in self.spans]
+        return [(k, a - t0, b - t0) for k, a, b in self.spans]
+
+
+def _hook_torch_p2p(state: _Rank) -> None:
+    """Time torch's schedule-level p2p calls (``_batch_p2p`` posts, ``_wait_batch_p2p`` waits) on this rank.
+
+    A receive span runs from posting the irecv to the end of its wait (it includes waiting for the
+    previous stage); a send is its post plus, separately, the final wait for completion.
+    """
+    import torch.distributed.pipelining.schedules as sched
+
+    if getattr(sched, "_pipesplit_hooked", False):
+        return
+    post, wait = sched._batch_p2p, sched._wait_batch_p2p
+
+    def timed_post(ops: Any, desc: str | None = None) -> Any:
+        clock = state.comm
+        if clock is None:
+            return post(ops, desc)
+        a = clock.now()
+        works = post(ops, desc)
+        if desc and "recv" in desc:
+            clock.pending[id(works)] = ("recv", a)
+        else:
+            clock.add("send", a, clock.now())
+            clock.pending[id(works)] = ("send_wait", None)
+        return works
+
+    def timed_wait(works: Any) -> None:
+        clock = state.comm
+        tag = clock.pending.pop(id(works), None) if clock is not None else None
+        if tag is None:
+            return wait(works)
+        a = clock.now()
+        wait(works)
+        b = clock.now()
+        clock.add(tag[0], tag[1] if tag[0] == "recv" else a, b)
+        return None
+
+    sched._batch_p2p, sched._wait_batch_p2p = timed_post, timed_wait
+    sched._pipesplit_hooked = True
+
+
+def _hook_pippy_p2p(runtime: Any, clock: _CommClock, rank: int, world: int) -> None:
+    """Time torchpippy's per-chunk receive (post + wait) and send (post) on this rank's stage."""
+    recv, send = runtime._recv_and_fill_inputs, runtime._send_activations
+
+    def timed_recv(chunk: int) -> Any:
+        a = clock.now()
+        out = recv(chunk)
+        clock.add("recv", a, clock.now())
+        return out
+
+    def timed_send(outputs: Any) -> Any:
+        a = clock.now()
+        out = send(outputs)
+        clock.add("send", a, clock.now())
+        return out
+
+    if rank > 0:
+        runtime._recv_and_fill_inputs = timed_recv
+    if rank < world - 1:
+        runtime._send_activations = timed_send
+
+
 class _Rank:
     """A worker's state that lives across trials: its rank, device and cached models."""
 
@@ -130,6 +214,8 @@ class _Rank:
         self.refs: dict[str, torch.Tensor] = {}
         self.warm: set[tuple[str, int]] = set()
         self.peak = _Peak(self.device)
+        self.comm: _CommClock | None = None
+        _hook_torch_p2p(self)
 
     def sync(self) -> None:
         if self.device.type == "cuda":
@@ -182,6 +268,11 @@ class _Rank:
             return out
         out["build_s"] = time.perf_counter() - t_recv
         clock = _ComputeClock(stage.module, self.device)
+        comm = _CommClock(clock._now)
+        if plan.backend == "pippy" and stage.runtime is not None:
+            _hook_pippy_p2p(stage.runtime, comm, self.rank, self.world)
+        else:
+            self.comm = comm
         last = self.rank == self.world - 1
         serial_threads = plan.threads_per_stage * self.world if self.device.type == "cpu" else None
         try:
@@ -214,23 +305,41 @@ class _Rank:
                 if opts["serial_all"] and serial_threads and (plan.model.key, serial_threads) not in self.warm:
                     self._serial(model, x, serial_threads)
                     self.warm.add((plan.model.key, serial_threads))
-                serial, serial_all, pipe, compute, comm = [], [], [], [], []
+                serial, serial_all, pipe, compute, waits = [], [], [], [], []
                 events: list[tuple[int, float, float]] = []
+                comm_events: list[tuple[str, float, float]] = []
+                t0_abs = float("nan")
                 for _ in range(opts["repeats"]):
                     if opts.get("serial", True):
                         serial.append(self._serial(model, x, None))
-                    wall, busy, events = self._pipeline_once(stage, x, clock)
+                    wall, busy, events, comm_events, t0_abs = self._pipeline_once(stage, x, clock, comm)
                     pipe.append(wall)
                     c = sum(b - a for _, a, b in events)
                     compute.append(c)
-                    comm.append(max(0.0, busy - c))
+                    waits.append(max(0.0, busy - c))
                     if opts["serial_all"] and serial_threads:
                         serial_all.append(self._serial(model, x, serial_threads))
+                if opts.get("trace_dir"):
+                    out["trace"] = self._trace(stage, x, clock, comm, opts["trace_dir"])
         finally:
             clock.close()
-        out.update(serial_s=serial, serial_all_s=serial_all, pipeline_s=pipe, compute_s=compute, comm_s=comm,
-                   events=events, peak_mem=self.peak.read(), busy_s=time.perf_counter() - t_recv)
+            self.comm = None
+        out.update(serial_s=serial, serial_all_s=serial_all, pipeline_s=pipe, compute_s=compute, comm_s=waits,
+                   events=events, comm_events=comm_events, t0=t0_abs, host=socket.gethostname(),
+                   peak_mem=self.peak.read(), busy_s=time.perf_counter() - t_recv)
         return out
+
+    def _trace(self, stage: Any, x: torch.Tensor, clock: _ComputeClock, comm: _CommClock, folder: str) -> str:
+        """One more pipeline run under torch.profiler; its chrome trace (Perfetto opens it) per rank."""
+        from torch.profiler import ProfilerActivity, profile
+
+        acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self.device.type == "cuda" else [])
+        with _quiet_stderr(), profile(activities=acts) as prof:
+            self._pipeline_once(stage, x, clock, comm)
+        os.makedirs(folder, exist_ok=True)
+        path = os.path.join(folder, f"rank{self.rank}.json")
+        prof.export_chrome_trace(path)
+        return path
 
     def profile(self, spec_dict: dict[str, Any], granularity: str, micro: list[int], repeats: int,
                 warmup: int) -> dict[str, Any]:
@@ -266,9 +375,13 @@ class _Rank:
             out.append((buf.numel() * 4, sorted(times)[len(times) // 2]))
         return {"rank": self.rank, "link": out}
 
-    def _pipeline_once(self, stage: Any, x: torch.Tensor, clock: _ComputeClock) -> tuple[float, float, list]:
-        """One whole batch through the pipeline: (wall time to the last rank's end, own busy time, spans)."""
+    def _pipeline_once(self, stage: Any, x: torch.Tensor, clock: _ComputeClock,
+                       comm: _CommClock | None = None) -> tuple[float, float, list, list, float]:
+        """One whole batch through the pipeline: (wall time to the last rank's end, own busy time, compute
+        spans, send/recv spans, the run's start on this host's monotonic clock)."""
         clock.reset()
+        if comm is not None:
+            comm.reset()
         self.sync()
         dist.barrier()
         t0_event = None
@@ -281,7 +394,26 @@ class _Rank:
         busy = time.perf_counter() - t0
         dist.barrier()
         wall = time.perf_counter() - t0
-        return wall, busy, clock.resolve(t0_event if t0_event is not None else t0)
+        base = t0_event if t0_event is not None else t0
+        comm_spans = comm.resolve(base, t0_event is not None) if comm is not None else []
+        return wall, busy, clock.resolve(base), comm_spans, t0
+
+
+class _quiet_stderr:
+    """Silence file descriptor 2 for a moment: kineto logs every profiler start/stop there from C++."""
+
+    def __enter__(self) -> None:
+        import sys
+
+        sys.stderr.flush()
+        self.saved = os.dup(2)
+        null = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(null, 2)
+        os.close(null)
+
+    def __exit__(self, *exc: object) -> None:
+        os.dup2(self.saved, 2)
+        os.close(self.saved)
 
 
 def _preload() -> None:
@@ -296,6 +428,7 @@ def worker_main(rank: int, cfg: WorkerConfig, conn: Any) -> None:
     """Process entry point: join the group, then answer trial messages until ``stop``."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the driver owns Ctrl-C and shuts the pool down
     os.environ.setdefault("OMP_NUM_THREADS", "1")
+    os.environ.setdefault("KINETO_LOG_LEVEL", "5")  # torch.profiler (--profile) is chatty on stderr otherwise
     try:
         backend = "nccl" if cfg.device == "cuda" else "gloo"
         if cfg.device == "cuda":

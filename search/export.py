@@ -105,3 +105,36 @@ def export(study: optuna.Study, search: Any, outdir: Path, *, confirmation: dict
     paths.append(outdir / "summary.md")
     print(table)
     return paths
+
+
+def export_timelines(study: optuna.Study, search: Any, outdir: Path, confirmation: dict[str, Any] | None,
+                     artifacts: Any = None) -> list[Path]:
+    """Measured Gantt charts of the confirmed best plan and of PiPPy's equal-size plan (PNG + spans JSON),
+    uploaded to the study as artifacts when a store is given."""
+    from pipeline.timeline import Timeline, render
+
+    if not confirmation:
+        return []
+    best_no = confirmation.get("best_trial")
+    pippy_no = next((r["trial"] for r in confirmation["plans"] if "pippy-equal-size" in str(r["source"])), None)
+    paths: list[Path] = []
+    spans: dict[str, Any] = {}
+    for role, number in (("best", best_no), ("pippy", pippy_no)):
+        res = search.confirmed.get(number) if number is not None else None
+        if res is None:
+            continue
+        tl = Timeline.from_result(res)
+        plan = SplitPlan.from_dict(res.plan)
+        label = "best plan" if role == "best" else "PiPPy equal-size"
+        path = render(tl, outdir / f"timeline_{role}.png",
+                      title=f"{label} (trial {number}): {plan.describe()} - {res.speedup:.2f}x")
+        spans[role] = {"trial": number, **tl.to_dict()}
+        paths.append(path)
+        if artifacts is not None:
+            from optuna.artifacts import upload_artifact
+
+            upload_artifact(artifact_store=artifacts, file_path=str(path), study_or_trial=study, mimetype="image/png")
+    if spans:
+        write_json(outdir / "timelines.json", spans)
+        paths.append(outdir / "timelines.json")
+    return paths

@@ -12,7 +12,10 @@ import argparse
 import sys
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
+
 from pipeline.errors import PipesplitError
 
 EXAMPLES = """\
@@ -22,25 +25,36 @@ examples:
   python -m search.optimize --model resnet50 --image-size 160 --batch-size 8 --stages 2
   python -m search.optimize --stages 2 --storage results/study.log   # a journal file instead of SQLite
   # resume: run the same command again; --trials is the study's total of measured trials
-  optuna-dashboard sqlite:///results/optuna.db              # look at the study in a browser
+  python -m search.optimize --stages 2 --profile            # + torch.profiler traces of the best plan
+  optuna-dashboard sqlite:///results/optuna.db --artifact-dir results/artifacts   # the study in a browser
 """
 
 DEFAULT_STORAGE = "sqlite:///results/optuna.db"
 
 
 def _parser() -> argparse.ArgumentParser:
+    return build_parser("python -m search.optimize", __doc__ or "", EXAMPLES)
+
+
+def build_parser(prog: str, description: str, epilog: str, *, sweep: bool = False) -> argparse.ArgumentParser:
+    """The search flags; ``sweep`` takes several stage counts and leaves out the one-study flags."""
     from pipeline.cli import add_model_args, add_runtime_args
 
-    p = argparse.ArgumentParser(prog="python -m search.optimize", description=__doc__, epilog=EXAMPLES,
+    p = argparse.ArgumentParser(prog=prog, description=description, epilog=epilog,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     add_model_args(p)
     add_runtime_args(p)
     s = p.add_argument_group("search")
-    s.add_argument("--stages", type=int, default=4, help="pipeline stages (default 4)")
+    if sweep:
+        s.add_argument("--stages", type=int, nargs="+", default=[2, 3, 4, 6],
+                       help="stage counts to sweep, one study each (default 2 3 4 6)")
+    else:
+        s.add_argument("--stages", type=int, default=4, help="pipeline stages (default 4)")
     s.add_argument("--chunks", default="1,2,4,8,16,32", help="candidate chunk counts, comma-separated; those not "
                    "dividing the batch are dropped (default 1,2,4,8,16,32)")
     s.add_argument("--trials", type=int, default=None,
-                   help="measured trials the study should hold in total (default 12 for 2 stages, 14 otherwise)")
+                   help="measured trials each study should hold in total (default 12 for 2 stages, 14 otherwise"
+                   + ("; 10 per stage count in a sweep)" if sweep else ")"))
     s.add_argument("--timeout", type=float, default=None, help="stop starting new trials after this many seconds")
     s.add_argument("--repeats", type=int, default=2, help="timed repeats per trial (default 2)")
     s.add_argument("--trial-timeout", type=float, default=900.0, help="seconds before a trial counts as hung")
@@ -49,11 +63,25 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--confirm-rounds", type=int, default=2, help="interleaved rounds of confirmation (default 2)")
     s.add_argument("--no-prune", action="store_true", help="measure every plan the sampler asks for")
     s.add_argument("--storage", default=DEFAULT_STORAGE, help=f"Optuna storage URL or journal file (default {DEFAULT_STORAGE})")
-    s.add_argument("--study-name", default=None, help="default: <model>-s<stages>-b<batch>-<device>")
-    s.add_argument("--out", default=None, help="best split JSON (default results/<study>/best_split.json)")
+    if not sweep:
+        s.add_argument("--study-name", default=None, help="default: <model>-s<stages>-b<batch>-<device>")
+        s.add_argument("--out", default=None, help="best split JSON (default results/<study>/best_split.json)")
     s.add_argument("--results-dir", default="results", help="where results/<study>/ goes (default results)")
     s.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_output_args(p)
     return p
+
+
+def add_output_args(p: argparse.ArgumentParser) -> None:
+    """Flags for what a search leaves to look at besides its tables (shared with ``search.sweep``)."""
+    o = p.add_argument_group("what to look at")
+    o.add_argument("--profile", action="store_true",
+                   help="after the search, run the best plan once more under torch.profiler and save a chrome "
+                   "trace per rank under results/<study>/traces/ (open in https://ui.perfetto.dev)")
+    o.add_argument("--artifact-dir", default=None,
+                   help="Optuna artifact store for per-trial timeline PNGs (default <results-dir>/artifacts); "
+                   "view with optuna-dashboard <storage> --artifact-dir <dir>")
+    o.add_argument("--no-artifacts", action="store_true", help="do not upload timelines as Optuna artifacts")
 
 
 def default_study_name(model: str, stages: int, batch: int, device: str, granularity: str) -> str:
@@ -70,7 +98,29 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
 
 
+@dataclass
+class StudyRun:
+    """What one search left behind, for the caller to report on (``search.sweep`` reads all of it)."""
+
+    study: Any
+    search: Any
+    confirmation: dict[str, Any] | None
+    outdir: Path
+    paths: list[Path]
+    interrupted: bool
+    storage_url: str
+
+
 def _run(args: argparse.Namespace) -> int:
+    run = run_study(args, args.stages)
+    for p in run.paths:
+        print(f"wrote {p}")
+    return 130 if run.interrupted else 0
+
+
+def run_study(args: argparse.Namespace, stages: int, *, references: bool = False) -> StudyRun:
+    """Run or resume the study for ``stages`` stages, confirm, export; ``references`` confirms every
+    reference policy beside the best (``search.sweep``)."""
     import optuna
 
     from costmodel.profile import load_or_profile
@@ -82,8 +132,8 @@ def _run(args: argparse.Namespace) -> int:
     from search.space import feasible_chunks
     from search.storage import open_storage
 
-    if args.stages < 2:
-        raise PipesplitError(f"--stages must be at least 2 (got {args.stages})")
+    if stages < 2:
+        raise PipesplitError(f"--stages must be at least 2 (got {stages})")
     for flag in ("repeats", "confirm_rounds"):
         if getattr(args, flag) < 1:
             raise PipesplitError(f"--{flag.replace('_', '-')} must be at least 1 (got {getattr(args, flag)})")
@@ -94,7 +144,7 @@ def _run(args: argparse.Namespace) -> int:
     except ValueError:
         raise PipesplitError(f"--chunks {args.chunks!r} must be comma-separated integers, e.g. 1,4,16") from None
     device = args.device or "cpu"
-    check_device(device, args.stages)
+    check_device(device, stages)
     storage = open_storage(args.storage)
     spec = spec_from_args(args)
     chunks = feasible_chunks(spec.batch_size, wanted)
@@ -102,16 +152,24 @@ def _run(args: argparse.Namespace) -> int:
         raise PipesplitError(f"none of --chunks {args.chunks} divides batch size {spec.batch_size}: "
                              f"use divisors such as 1,2,4")
     cands = find_candidates(build_model(spec), spec, args.granularity)
-    if args.stages > cands.max_stages:
-        raise PipesplitError(f"--stages {args.stages} is too many for {spec.name}: it has {len(cands.cuts)} cut "
+    if stages > cands.max_stages:
+        raise PipesplitError(f"--stages {stages} is too many for {spec.name}: it has {len(cands.cuts)} cut "
                              f"points at {cands.granularity} granularity, so at most {cands.max_stages} stages")
-    threads = args.threads_per_stage or default_threads(args.stages)
-    trials = args.trials or (12 if args.stages == 2 else 14)
-    name = args.study_name or default_study_name(spec.name, args.stages, spec.batch_size, device, args.granularity)
+    threads = args.threads_per_stage or default_threads(stages)
+    trials = args.trials or (12 if stages == 2 else 14)
+    name = getattr(args, "study_name", None) or default_study_name(spec.name, stages, spec.batch_size, device, args.granularity)
     outdir = Path(args.results_dir) / name
-    config = {"model": spec.key, "stages": args.stages, "granularity": args.granularity, "device": device,
+    artifacts = None
+    if not args.no_artifacts:
+        from optuna.artifacts import FileSystemArtifactStore
+
+        art_dir = Path(args.artifact_dir or Path(args.results_dir) / "artifacts")
+        art_dir.mkdir(parents=True, exist_ok=True)
+        artifacts = FileSystemArtifactStore(art_dir)
+    config = {"model": spec.key, "stages": stages, "granularity": args.granularity, "device": device,
               "threads_per_stage": threads, "backend": args.backend or "torch", "schedule": args.schedule or "GPipe"}
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    # failed trials are reported in one line by the search loop, not with optuna's traceback
+    optuna.logging.set_verbosity(optuna.logging.ERROR)
     study = optuna.create_study(study_name=name, storage=storage, direction="maximize", load_if_exists=True,
                                 sampler=optuna.samplers.TPESampler(seed=args.seed, multivariate=True,
                                                                    n_startup_trials=4))
@@ -124,30 +182,53 @@ def _run(args: argparse.Namespace) -> int:
     study.set_user_attr("model_spec", spec.to_dict())
     prof, cached = load_or_profile(spec, device=device, threads=threads, granularity=args.granularity,
                                    micro_sizes=[spec.batch_size // c for c in chunks],
-                                   root=Path(args.results_dir) / "profiles", concurrency=args.stages, repeats=2)
+                                   root=Path(args.results_dir) / "profiles", concurrency=stages, repeats=2)
     print(f"study {name} in {args.storage}: {len(cands.cuts)} cut points, chunks {chunks}, "
           f"{threads} thread(s)/stage; profile {'from cache' if cached else 'measured'}", flush=True)
     started = time.monotonic()
-    with StagePool(args.stages, device=device, threads_per_stage=threads) as pool:
-        search = Search(study=study, pool=pool, profile=prof, cands=cands, spec=spec, stages=args.stages,
+    extra: list[Path] = []
+    with StagePool(stages, device=device, threads_per_stage=threads) as pool:
+        search = Search(study=study, pool=pool, profile=prof, cands=cands, spec=spec, stages=stages,
                         chunks=chunks, threads=threads, backend=args.backend or "torch",
                         schedule=args.schedule or "GPipe", device=device, repeats=args.repeats,
-                        trial_timeout=args.trial_timeout, prune=not args.no_prune, progress=not args.no_progress)
+                        trial_timeout=args.trial_timeout, prune=not args.no_prune, progress=not args.no_progress,
+                        artifacts=artifacts)
         interrupted = False
         try:
             search.seed_study()
+            if references:  # every reference policy is measured, however few trials were asked for
+                trials = max(trials, search.seed_count())
             search.optimize(trials, timeout=args.timeout, started=started)
-            confirmation = search.confirm(args.confirm_top, args.confirm_rounds)
+            confirmation = search.confirm(args.confirm_top, args.confirm_rounds, references=references)
+            if args.profile:
+                extra += _trace_best(search, confirmation, outdir / "traces")
         except KeyboardInterrupt:
             interrupted = True
             confirmation = None
             print("\ninterrupted: keeping every finished trial and exporting the best so far", file=sys.stderr)
-    from search.export import export
+    from search.export import export, export_timelines
 
-    paths = export(study, search, outdir, confirmation=confirmation, out=args.out, storage_url=args.storage)
-    for p in paths:
-        print(f"wrote {p}")
-    return 130 if interrupted else 0
+    paths = export(study, search, outdir, confirmation=confirmation, out=getattr(args, "out", None),
+                   storage_url=args.storage)
+    paths += export_timelines(study, search, outdir, confirmation, artifacts)
+    return StudyRun(study=study, search=search, confirmation=confirmation, outdir=outdir, paths=paths + extra,
+                    interrupted=interrupted, storage_url=args.storage)
+
+
+def _trace_best(search: Any, confirmation: dict[str, Any] | None, folder: Path) -> list[Path]:
+    """One more run of the confirmed best plan under torch.profiler: a chrome trace per rank."""
+    from pipeline.plan import SplitPlan
+
+    best = (confirmation or {}).get("best_trial")
+    if best is None:
+        return []
+    plan = SplitPlan.from_dict(search.study.trials[best].user_attrs["plan"])
+    res = search.pool.run(plan, repeats=1, warmup=0, timeout_s=search.trial_timeout, serial_all=False,
+                          trace_dir=str(folder))
+    if not res.ok:
+        print(f"warning: the profiled run of the best plan failed: {res.reason}", file=sys.stderr)
+        return []
+    return [Path(t) for t in res.traces]
 
 
 if __name__ == "__main__":

@@ -53,7 +53,11 @@ class Search:
     trial_timeout: float
     prune: bool = True
     progress: bool = True
+    artifacts: Any = None
+    """An Optuna artifact store: every measured trial's timeline PNG is uploaded to it (dashboard shows it)."""
     results: dict[int, TrialResult] = field(default_factory=dict)
+    confirmed: dict[int, TrialResult] = field(default_factory=dict)
+    """Per trial number, the last confirmation-round result (its timeline and per-stage breakdown)."""
 
     # ---- plans -------------------------------------------------------------------------------
     def plan(self, points: tuple[SplitPoint, ...], chunks: int) -> SplitPlan:
@@ -87,6 +91,11 @@ class Search:
                 plan = self.plan(s.points or (), s.chunks)
                 self.study.enqueue_trial({}, user_attrs={"source": s.source, "fixed_plan": plan.to_dict()})
         self.study.set_user_attr("seeded", True)
+
+    def seed_count(self) -> int:
+        """Trials enqueued from the references (run or waiting): a sweep measures all of them."""
+        return sum(1 for t in self.study.get_trials(deepcopy=False)
+                   if str(t.user_attrs.get("source", "tpe")) != "tpe")
 
     # ---- one trial ---------------------------------------------------------------------------
     def objective(self, trial: optuna.Trial) -> float:
@@ -136,9 +145,27 @@ class Search:
         self.results[trial.number] = result
         for k, v in _result_attrs(result).items():
             trial.set_user_attr(k, v)
+        if result.ok and self.artifacts is not None:
+            self._upload_timeline(trial, result, plan)
         if not result.ok:
             raise TrialFailed(result.reason)
         return result.speedup
+
+    def _upload_timeline(self, trial: optuna.Trial, result: TrialResult, plan: SplitPlan) -> None:
+        """The trial's measured timeline as a PNG artifact beside the trial in optuna-dashboard."""
+        import tempfile
+        from pathlib import Path
+
+        from optuna.artifacts import upload_artifact
+
+        from pipeline.timeline import Timeline, render
+
+        with tempfile.TemporaryDirectory() as tmp:
+            path = render(Timeline.from_result(result), Path(tmp) / f"timeline-trial{trial.number}.png",
+                          title=f"trial {trial.number}: {plan.describe()} - {result.speedup:.2f}x")
+            artifact_id = upload_artifact(artifact_store=self.artifacts, file_path=str(path), study_or_trial=trial,
+                                          mimetype="image/png")
+        trial.set_user_attr("timeline_artifact", artifact_id)
 
     def _maybe_prune(self, trial: optuna.Trial, predicted: float) -> None:
         done = [t for t in self.measured_trials() if t.state == optuna.trial.TrialState.COMPLETE
@@ -181,14 +208,17 @@ class Search:
                 done = now
                 best = self.best_measured()
                 last = next(t for t in reversed(self.study.trials) if t.state.is_finished())
+                if last.state == optuna.trial.TrialState.FAIL and last.user_attrs.get("fail_reason"):
+                    bar.write(f"trial {last.number} failed: {last.user_attrs['fail_reason']}")
                 bar.set_postfix_str(f"best {best.value:.2f}x" if best else "best -", refresh=False)
                 bar.set_description(f"trials (last: {last.user_attrs.get('source', '?')} {last.state.name.lower()})")
         finally:
             bar.close()
 
     # ---- confirmation ------------------------------------------------------------------------
-    def confirm(self, top: int, rounds: int) -> dict[str, Any]:
-        """Re-measure the top plans and PiPPy's equal-size plan, interleaved round by round."""
+    def confirm(self, top: int, rounds: int, *, references: bool = False) -> dict[str, Any]:
+        """Re-measure the top plans and PiPPy's equal-size plan (with ``references``, every seeded
+        reference policy too), interleaved round by round, so that they are compared in one run."""
         ok = sorted((t for t in self.measured_trials() if t.state == optuna.trial.TrialState.COMPLETE),
                     key=lambda t: t.value, reverse=True)
         chosen: list[optuna.trial.FrozenTrial] = []
@@ -200,6 +230,12 @@ class Search:
         pippy = next((t for t in ok if "pippy-equal-size" in str(t.user_attrs.get("source"))), None)
         if pippy is not None and pippy.user_attrs["plan_key"] not in seen:
             chosen.append(pippy)
+            seen.add(pippy.user_attrs["plan_key"])
+        if references:
+            for t in ok:
+                if str(t.user_attrs.get("source", "tpe")) != "tpe" and t.user_attrs["plan_key"] not in seen:
+                    chosen.append(t)
+                    seen.add(t.user_attrs["plan_key"])
         speedups: dict[int, list[float]] = {t.number: [] for t in chosen}
         last: dict[int, TrialResult] = {}
         from tqdm import tqdm
@@ -211,6 +247,7 @@ class Search:
             if res.ok:
                 speedups[t.number].extend(res.speedups)
                 last[t.number] = res
+                self.confirmed[t.number] = res
         table = []
         for t in chosen:
             s = speedups[t.number]
@@ -219,7 +256,8 @@ class Search:
                           "search_speedup": t.value, "speedups": s,
                           "median": statistics.median(s) if s else math.nan,
                           "spread": [min(s), max(s)] if s else [math.nan, math.nan],
-                          "predicted_speedup": t.user_attrs.get("predicted_speedup")})
+                          "predicted_speedup": t.user_attrs.get("predicted_speedup"),
+                          "predicted_bubble": t.user_attrs.get("predicted_bubble")})
         finite = [r for r in table if not math.isnan(r["median"])]
         best = max(finite, key=lambda r: r["median"]) if finite else None
         out = {"rounds": rounds, "repeats_per_run": self.repeats, "plans": table,

@@ -44,16 +44,43 @@ def test_cut_inside_a_residual_block_sends_two_tensors(pool2, tiny_spec):
     assert r.serial_all_s == ()
 
 
-def test_cut_before_the_head_sends_a_strided_view(pool2, tiny_spec):
-    """A ViT head cut sends ``x[:, 0]``, a strided view: pipesplit makes stage outputs contiguous, which is
-    enough for torchpippy; torch.distributed.pipelining also allocates its receive buffer with the traced
-    strides and gloo refuses it, so that trial fails with the reason and the pool carries on."""
-    r = pool2.run(plan(tiny_spec, "pippy", at="head", chunks=2), repeats=1, serial_all=False)
+@pytest.mark.parametrize("backend", ["torch", "pippy"])
+def test_cut_before_the_head_sends_a_strided_view(pool2, tiny_spec, backend):
+    """A ViT head cut sends ``x[:, 0]``, a strided view: gloo refuses it as a send (torchpippy) and torch's
+    pipelining allocates its receive buffer with the traced strides. pipesplit makes the value contiguous
+    before the cut, so both runtimes run it."""
+    r = pool2.run(plan(tiny_spec, backend, at="head", chunks=2), repeats=1, serial_all=False, timeout_s=120)
     assert r.ok, r.reason
     assert r.boundary_bytes == (8 * 48 * 4,)
-    r = pool2.run(plan(tiny_spec, "torch", at="head", chunks=2), repeats=1, serial_all=False, timeout_s=120)
-    assert not r.ok and "input tensor has to be contiguous" in r.reason
-    assert pool2.run(plan(tiny_spec), repeats=1).ok
+
+
+@pytest.mark.parametrize("backend", ["torch", "pippy"])
+def test_timeline_is_consistent_across_ranks(pool2, tiny_spec, backend):
+    """Measured spans on one clock: compute in microbatch order without overlap on a rank, a stage never
+    computes a microbatch before the previous stage finished it, a receive and a send per microbatch."""
+    from pipeline.timeline import Timeline
+
+    r = pool2.run(plan(tiny_spec, backend, chunks=4), repeats=2, serial_all=False)
+    assert r.ok, r.reason
+    tl = Timeline.from_result(r)
+    assert tl.problems() == []
+    assert len(tl.rank(0, "compute")) == len(tl.rank(1, "compute")) == 4
+    assert len(tl.rank(1, "recv")) == 4 and len(tl.rank(0, "send")) == 4
+    assert tl.rank(0, "recv") == [] and tl.rank(1, "send") == []
+    for a, b in zip(tl.rank(1, "recv"), tl.rank(1, "compute")):
+        assert a.end <= b.start + 1e-4  # each microbatch is received before it is computed
+    assert tl.totals(1)["idle"] >= 0
+
+
+def test_profile_writes_a_chrome_trace_per_rank(pool2, tiny_spec, tmp_path):
+    import json
+
+    r = pool2.run(plan(tiny_spec, chunks=2), repeats=1, serial_all=False, trace_dir=str(tmp_path / "traces"))
+    assert r.ok, r.reason
+    assert [p.rsplit("/", 1)[-1] for p in r.traces] == ["rank0.json", "rank1.json"]
+    for p in r.traces:
+        trace = json.loads(open(p).read())
+        assert trace["traceEvents"], p
 
 
 def test_a_plan_that_cannot_build_fails_with_its_reason_and_the_pool_lives(pool2, tiny_spec):

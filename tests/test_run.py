@@ -54,10 +54,15 @@ def test_policy_run_writes_a_best_split_that_runs_again(tmp_path, capsys):
     assert doc["measured"]["ok"] and doc["measured"]["speedup"] > 0
     assert doc["provenance"]["torch"] and doc["stages"] == 2
     again = tmp_path / "again.json"
+    png, traces = tmp_path / "timeline.png", tmp_path / "traces"
     proc = subprocess.run([sys.executable, "-m", "pipeline.run", "--split", str(out), "--repeats", "1",
-                           "--no-serial-all", "--out", str(again)], capture_output=True, text=True, timeout=300)
+                           "--no-serial-all", "--out", str(again), "--timeline", str(png), "--profile", str(traces)],
+                          capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     assert SplitPlan.load(again) == SplitPlan.load(out)
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert sorted(p.name for p in traces.iterdir()) == ["rank0.json", "rank1.json"]
+    assert "SyncActivityProfilerHandler" not in proc.stderr  # the profiler's C++ chatter is kept quiet
 
 
 def test_split_with_model_flags_is_refused(tmp_path, capsys, tiny_spec):

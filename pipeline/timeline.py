@@ -1,0 +1,159 @@
+"""Per-rank timeline of one measured pipeline run: compute per microbatch, send, receive, idle.
+
+Pure data (no torch): built from a ``TrialResult``'s measured events, checked for consistency, drawn
+as a Gantt chart by ``render`` (matplotlib, imported only there).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+KINDS = ("compute", "recv", "send", "send_wait")
+COLORS = {"compute": "#4c72b0", "recv": "#dd8452", "send": "#55a868", "send_wait": "#8fd19e"}
+LABELS = {"compute": "compute (microbatch n)", "recv": "receive (incl. waiting for the previous stage)",
+          "send": "send (post)", "send_wait": "send (wait for completion)"}
+
+
+@dataclass(frozen=True)
+class Span:
+    """One interval on one rank, seconds from the run's common start."""
+
+    rank: int
+    kind: str
+    microbatch: int
+    """Microbatch index (the n-th span of its kind on the rank), -1 where it is not one microbatch's."""
+    start: float
+    end: float
+
+    @property
+    def duration(self) -> float:
+        return self.end - self.start
+
+
+@dataclass(frozen=True)
+class Timeline:
+    """Every measured span of one pipeline run, all ranks on one clock."""
+
+    stages: int
+    spans: tuple[Span, ...]
+
+    @classmethod
+    def from_events(cls, compute: Any, comm: Any = ()) -> Timeline:
+        """From per-rank ``(microbatch, start, end)`` compute events and ``(kind, start, end)`` comm events."""
+        spans: list[Span] = []
+        for rank, events in enumerate(compute):
+            spans += [Span(rank, "compute", int(mb), float(a), float(b)) for mb, a, b in events]
+        for rank, events in enumerate(comm):
+            counts: dict[str, int] = {}
+            for kind, a, b in events:
+                n = counts.get(kind, 0)
+                counts[kind] = n + 1
+                spans.append(Span(rank, str(kind), n if kind in ("recv", "send") else -1, float(a), float(b)))
+        spans.sort(key=lambda s: (s.rank, s.start, s.end))
+        return cls(stages=len(compute), spans=tuple(spans))
+
+    @classmethod
+    def from_result(cls, result: Any) -> Timeline:
+        return cls.from_events(result.events, getattr(result, "comm_events", ()))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"stages": self.stages, "spans": [asdict(s) for s in self.spans]}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Timeline:
+        return cls(stages=int(d["stages"]), spans=tuple(Span(**s) for s in d["spans"]))
+
+    def rank(self, r: int, kind: str | None = None) -> list[Span]:
+        return [s for s in self.spans if s.rank == r and (kind is None or s.kind == kind)]
+
+    @property
+    def start(self) -> float:
+        return min((s.start for s in self.spans), default=0.0)
+
+    @property
+    def end(self) -> float:
+        return max((s.end for s in self.spans), default=0.0)
+
+    def totals(self, r: int) -> dict[str, float]:
+        """Seconds per kind on rank ``r``, plus ``idle``: the rest of the run's span not covered by any."""
+        out = {k: sum(s.duration for s in self.rank(r, k)) for k in KINDS}
+        covered = _union(self.rank(r))
+        out["idle"] = max(0.0, (self.end - self.start) - covered)
+        return out
+
+    def problems(self, eps: float = 1e-4) -> list[str]:
+        """What would make this timeline wrong: overlapping compute on a rank, microbatches out of order,
+        or a stage computing a microbatch before the previous stage finished it."""
+        out = []
+        for r in range(self.stages):
+            comp = self.rank(r, "compute")
+            if [s.microbatch for s in comp] != list(range(len(comp))):
+                out.append(f"rank {r}: compute spans are not microbatches 0..{len(comp) - 1} in order")
+            for a, b in zip(comp, comp[1:]):
+                if b.start < a.end - eps:
+                    out.append(f"rank {r}: microbatch {b.microbatch} starts before {a.microbatch} ends")
+            for s in self.rank(r):
+                if s.end < s.start:
+                    out.append(f"rank {r}: a {s.kind} span ends before it starts")
+            if r:
+                prev = {s.microbatch: s for s in self.rank(r - 1, "compute")}
+                for s in comp:
+                    p = prev.get(s.microbatch)
+                    if p is not None and s.start < p.end - eps:
+                        out.append(f"rank {r}: microbatch {s.microbatch} starts {p.end - s.start:.4f}s before "
+                                   f"rank {r - 1} finished it")
+        return out
+
+
+def _union(spans: list[Span]) -> float:
+    total, cur_a, cur_b = 0.0, None, None
+    for s in sorted(spans, key=lambda s: s.start):
+        if cur_b is None or s.start > cur_b:
+            if cur_b is not None:
+                total += cur_b - cur_a
+            cur_a, cur_b = s.start, s.end
+        else:
+            cur_b = max(cur_b, s.end)
+    if cur_b is not None:
+        total += cur_b - cur_a
+    return total
+
+
+def render(timeline: Timeline, path: str | Path, title: str = "") -> Path:
+    """A Gantt chart, one row per rank: compute spans numbered by microbatch, send/recv, idle left white."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import Patch
+
+    path = Path(path)
+    t0 = timeline.start
+    scale, unit = (1e3, "ms") if timeline.end - t0 < 2 else (1.0, "s")
+    fig, ax = plt.subplots(figsize=(11, 0.9 * timeline.stages + 1.6))
+    for s in timeline.spans:
+        y = timeline.stages - 1 - s.rank
+        h, off = (0.8, 0.0) if s.kind == "compute" else (0.3, -0.4 if s.kind == "recv" else 0.1)
+        if s.kind == "compute":
+            ax.broken_barh([((s.start - t0) * scale, s.duration * scale)], (y - 0.4, h), facecolors=COLORS[s.kind],
+                           edgecolors="white", linewidth=0.5)
+            if s.duration * scale > (timeline.end - t0) * scale / 60:
+                ax.text((s.start - t0 + s.duration / 2) * scale, y, str(s.microbatch), ha="center", va="center",
+                        color="white", fontsize=7)
+        else:
+            ax.broken_barh([((s.start - t0) * scale, s.duration * scale)], (y + off, h),
+                           facecolors=COLORS.get(s.kind, "gray"), alpha=0.6)
+    ax.set_yticks(range(timeline.stages))
+    ax.set_yticklabels([f"stage {r}" for r in reversed(range(timeline.stages))])
+    ax.set_xlabel(f"time since the run started ({unit})")
+    ax.set_title(title or "pipeline timeline (measured)", fontsize=10)
+    ax.legend(handles=[Patch(color=COLORS[k], label=LABELS[k]) for k in KINDS] + [Patch(facecolor="white",
+              edgecolor="gray", label="idle")], loc="upper center", bbox_to_anchor=(0.5, -0.25), ncol=3, fontsize=7,
+              frameon=False)
+    ax.grid(axis="x", alpha=0.3)
+    fig.tight_layout()
+    from pipeline.export import save_figure
+
+    return save_figure(fig, path)

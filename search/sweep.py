@@ -1,0 +1,197 @@
+"""``python -m search.sweep``: the lab's questions in one command, over several stage counts.
+
+For each stage count it runs (or resumes) the search study of ``search.optimize``, then re-measures the
+optimizer's best and every reference policy (PiPPy's equal-size, uniform, parameter-, time- and
+FLOP-balanced, the cost model's optimum) in the same interleaved confirmation rounds. It writes
+``results/<sweep>/report.md`` with a table per stage count and a generated reading of where each policy
+loses (imbalance, per-microbatch compute, bubbles, communication), plus PNGs linked from the report:
+speedup vs stages, predicted vs measured, measured per-stage timelines of the best and of PiPPy's plan,
+and per-stage compute vs communication. The plots are also uploaded to each study as Optuna artifacts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from pipeline.errors import PipesplitError
+
+EXAMPLES = """\
+examples:
+  python -m search.sweep --stages 2 3 4 6                   # DeiT-S, batch 32, CPU (long: ~15 min per count here)
+  python -m search.sweep --stages 2 3 4 --trials 8 --profile
+  python -m search.sweep --model resnet50 --image-size 160 --batch-size 8 --stages 2 3
+  # re-running resumes every study; the report is rebuilt from the new confirmation round
+  optuna-dashboard sqlite:///results/optuna.db --artifact-dir results/artifacts
+"""
+
+SWEEP_TRIALS = 10
+
+
+def _parser() -> argparse.ArgumentParser:
+    from search.optimize import build_parser
+
+    p = build_parser("python -m search.sweep", __doc__ or "", EXAMPLES, sweep=True)
+    p.add_argument("--name", default=None, help="sweep folder under --results-dir (default sweep-<model>-b<batch>-<device>)")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        return _run(args)
+    except PipesplitError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+
+def _run(args: argparse.Namespace) -> int:
+    from pipeline.candidates import find_candidates
+    from pipeline.cli import spec_from_args
+    from pipeline.models import build_model
+    from search.optimize import run_study
+
+    counts = list(dict.fromkeys(args.stages))
+    bad = [s for s in counts if s < 2]
+    if bad:
+        raise PipesplitError(f"--stages {' '.join(map(str, bad))}: every stage count must be at least 2")
+    spec = spec_from_args(args)
+    cands = find_candidates(build_model(spec), spec, args.granularity)
+    too_many = [s for s in counts if s > cands.max_stages]
+    if too_many:
+        raise PipesplitError(f"--stages {' '.join(map(str, too_many))} is too many for {spec.name}: it has "
+                             f"{len(cands.cuts)} cut points at {cands.granularity} granularity, so at most "
+                             f"{cands.max_stages} stages")
+    if args.trials is None:
+        args.trials = SWEEP_TRIALS
+    device = args.device or "cpu"
+    name = args.name or f"sweep-{spec.name}-b{spec.batch_size}-{device}"
+    outdir = Path(args.results_dir) / name
+    runs: dict[int, Any] = {}
+    interrupted = False
+    for s in counts:
+        print(f"\n=== {s} stages ===", flush=True)
+        run = run_study(args, s, references=True)
+        runs[s] = run
+        if run.interrupted:
+            interrupted = True
+            break
+    paths = write_report(runs, outdir, spec=spec, device=device, title=f"pipesplit sweep: {spec.name}")
+    for p in paths:
+        print(f"wrote {p}")
+    return 130 if interrupted else 0
+
+
+def rows_for(stages: int, run: Any) -> list[Any]:
+    """The confirmation round of one stage count as report rows."""
+    from pipeline.timeline import Timeline
+    from search.report import PolicyRow, stage_ranges
+
+    conf = run.confirmation or {}
+    segments = [seg.fqn for seg in run.search.profile.segments]
+    out = []
+    for r in conf.get("plans", []):
+        res = run.search.confirmed.get(r["trial"])
+        compute: tuple[float, ...] = ()
+        send: tuple[float, ...] = ()
+        serial = float("nan")
+        if res is not None:
+            compute = tuple(res.stage_compute_s)
+            tl = Timeline.from_result(res)
+            send = tuple(tl.totals(k)["send"] + tl.totals(k)["send_wait"] for k in range(tl.stages))
+            serial = statistics.median(res.serial_s) if res.serial_s else float("nan")
+        pts = [p for p in r["split_points"]]
+        out.append(PolicyRow(stages=stages, source=str(r["source"]), trial=int(r["trial"]),
+                             best=r["trial"] == conf.get("best_trial"), split_points=tuple(pts),
+                             stage_ranges=tuple(stage_ranges(pts, segments)), chunks=int(r["chunks"]),
+                             predicted=r.get("predicted_speedup"), measured=float(r["median"]),
+                             spread=(float(r["spread"][0]), float(r["spread"][1])), compute_s=compute,
+                             send_s=send, serial_s=serial))
+    import optuna
+
+    confirmed = {r["trial"] for r in conf.get("plans", [])}
+    for t in run.study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.FAIL,)):
+        src = str(t.user_attrs.get("source", "tpe"))
+        if src == "tpe" or not t.user_attrs.get("measured") or t.number in confirmed:
+            continue
+        pts = list(t.user_attrs.get("split_points") or [])
+        out.append(PolicyRow(stages=stages, source=src, trial=t.number, best=False, split_points=tuple(pts),
+                             stage_ranges=tuple(stage_ranges(pts, segments)), chunks=int(t.user_attrs["chunks"]),
+                             predicted=t.user_attrs.get("predicted_speedup"), measured=float("nan"),
+                             spread=(float("nan"), float("nan")), failed=str(t.user_attrs.get("fail_reason", "?"))))
+    return out
+
+
+def write_report(runs: dict[int, Any], outdir: Path, *, spec: Any, device: str, title: str) -> list[Path]:
+    """report.md, sweep.json and the PNGs, from the finished stage counts; plots uploaded as artifacts."""
+    import optuna
+
+    from pipeline.export import write_json
+    from pipeline.plan import SplitPlan
+    from pipeline.timeline import Timeline, render
+    from search import plots
+    from search.report import markdown
+
+    outdir.mkdir(parents=True, exist_ok=True)
+    rows = [row for s, run in runs.items() for row in rows_for(s, run)]
+    points = []
+    for s, run in runs.items():
+        for t in run.study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)):
+            if t.user_attrs.get("measured") and t.user_attrs.get("predicted_speedup") is not None:
+                points.append((s, float(t.user_attrs["predicted_speedup"]), float(t.value)))
+    made: dict[str, str] = {}
+    timelines: dict[str, Timeline] = {}
+    for s, run in runs.items():
+        conf = run.confirmation or {}
+        pippy = next((r["trial"] for r in conf.get("plans", []) if "pippy-equal-size" in str(r["source"])), None)
+        for role, number in (("best", conf.get("best_trial")), ("pippy", pippy)):
+            res = run.search.confirmed.get(number) if number is not None else None
+            if res is None:
+                continue
+            tl = Timeline.from_result(res)
+            label = "best" if role == "best" else "PiPPy equal-size"
+            key = f"timeline_{role}_s{s}"
+            plan = SplitPlan.from_dict(res.plan)
+            render(tl, outdir / f"{key}.png", title=f"{label}: {plan.describe()} - {res.speedup:.2f}x")
+            made[key] = f"{key}.png"
+            timelines[f"{s} stages, {label}"] = tl
+    if rows:
+        plots.speedup_vs_stages(rows, outdir / "speedup_vs_stages.png")
+        made["speedup_vs_stages"] = "speedup_vs_stages.png"
+    if points:
+        plots.predicted_vs_measured(points, outdir / "predicted_vs_measured.png")
+        made["predicted_vs_measured"] = "predicted_vs_measured.png"
+    if timelines:
+        plots.compute_comm(timelines, outdir / "compute_comm.png")
+        made["compute_comm"] = "compute_comm.png"
+    threads = sorted({r.search.threads for r in runs.values()})
+    meta = {"model": spec.name, "batch_size": spec.batch_size, "device": device,
+            "threads": f"{'/'.join(map(str, threads))} thread(s) per stage",
+            "date": time.strftime("%Y-%m-%d %H:%M"), "studies": {s: r.study.study_name for s, r in runs.items()}}
+    text = markdown(title, rows, plots=made, meta=meta)
+    report = outdir / "report.md"
+    tmp = report.with_suffix(".md.tmp")
+    tmp.write_text(text)
+    tmp.replace(report)
+    write_json(outdir / "sweep.json", {"meta": meta, "rows": [r.to_dict() for r in rows],
+                                       "predicted_vs_measured": points})
+    for run in runs.values():
+        store = run.search.artifacts
+        if store is None:
+            continue
+        from optuna.artifacts import upload_artifact
+
+        for key in ("speedup_vs_stages", "predicted_vs_measured", "compute_comm"):
+            if key in made:
+                upload_artifact(artifact_store=store, file_path=str(outdir / made[key]), study_or_trial=run.study,
+                                mimetype="image/png")
+    return [report, outdir / "sweep.json", *[outdir / v for v in made.values()]]
+
+
+if __name__ == "__main__":
+    sys.exit(main())

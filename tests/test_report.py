@@ -1,0 +1,59 @@
+"""The sweep report: block ranges, loss factors, readings and tables (pure)."""
+
+import math
+
+import pytest
+
+from search.report import PolicyRow, losses, markdown, reading, stage_ranges, table
+
+SEGS = ["patch_embed", "blocks.0", "blocks.1", "blocks.2", "blocks.3", "norm", "head"]
+
+
+def row(**kw) -> PolicyRow:
+    base = dict(stages=2, source="uniform", trial=3, best=False, split_points=("blocks.2",),
+                stage_ranges=("patch_embed..blocks.1", "blocks.2..head"), chunks=4, predicted=1.8, measured=1.5,
+                spread=(1.4, 1.6), compute_s=(1.0, 0.5), send_s=(0.05, 0.0), serial_s=1.5)
+    base.update(kw)
+    return PolicyRow(**base)
+
+
+def test_stage_ranges_name_first_and_last_block_per_stage():
+    assert stage_ranges(["blocks.2"], SEGS) == ["patch_embed..blocks.1", "blocks.2..head"]
+    assert stage_ranges(["blocks.1", "head"], SEGS) == ["patch_embed..blocks.0", "blocks.1..norm", "head"]
+    # PiPPy cuts inside a block: the stage ends 'before' that op
+    assert stage_ranges(["blocks.1.mlp.fc2"], SEGS) == ["patch_embed..(before blocks.1.mlp.fc2)",
+                                                        "blocks.1.mlp.fc2..head"]
+
+
+def test_losses_are_the_factors_named_in_the_docstring():
+    f = losses(row())
+    assert f["imbalance"] == pytest.approx(1.0 / 0.75)
+    assert f["compute"] == pytest.approx(1.0)
+    assert f["bubbles"] == pytest.approx(1 / (1 - 1 / 5))
+    assert f["communication"] == pytest.approx(1 / (1 - 0.05 / 1.0))
+
+
+def test_reading_names_the_largest_loss_first():
+    text = reading(row())
+    assert text.startswith("uniform: 1.50x of an ideal 2x; loses most to imbalance")
+    assert "1.33x the mean" in text and "20%" in text
+    assert reading(row(failed="rank 1 died")) == "uniform: failed (rank 1 died)."
+    assert "failed in the confirmation round" in reading(row(measured=math.nan))
+
+
+def test_table_lists_every_row_best_first_and_markdown_links_plots():
+    rows = [row(), row(source="pippy-equal-size", trial=0, predicted=None),
+            row(source="costmodel-optimum+time-balanced", trial=1, best=True, measured=1.7),
+            row(source="flops-balanced", trial=4, failed="output check failed", measured=math.nan)]
+    t = table(rows)
+    lines = t.splitlines()[2:]
+    assert len(lines) == 4
+    assert lines[0].startswith("| **best** (costmodel-optimum+time-balanced)")
+    assert lines[1].startswith("| pippy-equal-size") and "| - |" in lines[1]
+    assert "failed: output check failed" in t
+    md = markdown("t", rows, plots={"speedup_vs_stages": "s.png", "timeline_best_s2": "tb.png"},
+                  meta={"model": "m", "batch_size": 8, "device": "cpu", "threads": "1"})
+    assert "## 2 stages (ideal 2x)" in md and "![speedup_vs_stages](s.png)" in md and "(tb.png)" in md
+    assert "Best 1.70x vs PiPPy's equal-size 1.50x: 1.13x better" in md
+    assert PolicyRow.from_dict(rows[0].to_dict()) == rows[0]
+    assert rows[2].policies == ["costmodel-optimum", "time-balanced"]

@@ -1,0 +1,53 @@
+"""Timeline: spans on one clock, consistency checks and the Gantt chart (pure; no processes)."""
+
+import pytest
+
+from pipeline.timeline import Span, Timeline, render
+
+
+def good() -> Timeline:
+    # 2 stages, 2 microbatches: rank 1 receives each microbatch after rank 0 computed it
+    compute = [[(0, 0.0, 1.0), (1, 1.1, 2.0)], [(0, 1.2, 2.2), (1, 2.3, 3.0)]]
+    comm = [[("send", 1.0, 1.05), ("send", 2.0, 2.05), ("send_wait", 2.1, 2.2)],
+            [("recv", 0.0, 1.15), ("recv", 2.2, 2.25)]]
+    return Timeline.from_events(compute, comm)
+
+
+def test_spans_are_numbered_per_kind_and_sorted():
+    tl = good()
+    assert tl.stages == 2
+    assert [s.microbatch for s in tl.rank(1, "recv")] == [0, 1]
+    assert tl.rank(0, "send_wait")[0].microbatch == -1
+    assert [s.start for s in tl.rank(0)] == sorted(s.start for s in tl.rank(0))
+    assert Timeline.from_dict(tl.to_dict()) == tl
+
+
+def test_a_consistent_timeline_has_no_problems_and_idle_fills_the_rest():
+    tl = good()
+    assert tl.problems() == []
+    t = tl.totals(0)
+    assert t["compute"] == pytest.approx(1.9)
+    assert t["idle"] == pytest.approx(3.0 - 2.1)  # rank 0 is busy 0-1.05, 1.1-2.05 and 2.1-2.2 of 0-3.0
+
+
+@pytest.mark.parametrize("compute, message", [
+    ([[(0, 0.0, 1.0), (1, 0.5, 2.0)], []], "microbatch 1 starts before 0 ends"),
+    ([[(1, 0.0, 1.0), (0, 1.0, 2.0)], []], "not microbatches 0..1 in order"),
+    ([[(0, 0.0, 1.0)], [(0, 0.5, 1.5)]], "starts 0.5000s before rank 0 finished it"),
+])
+def test_inconsistent_timelines_are_caught(compute, message):
+    problems = Timeline.from_events(compute).problems()
+    assert any(message in p for p in problems), problems
+
+
+def test_render_writes_a_png(tmp_path):
+    import matplotlib.image
+
+    path = render(good(), tmp_path / "sub" / "t.png", title="test")
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert matplotlib.image.imread(path).shape[0] > 100
+    assert not [p for p in path.parent.iterdir() if p.name.startswith(".")]  # no temp file left
+
+
+def test_span_duration():
+    assert Span(0, "compute", 0, 1.0, 1.5).duration == 0.5
