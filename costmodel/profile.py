@@ -170,7 +170,7 @@ def measure_segments(spec: ModelSpec, *, granularity: str, micro: Sequence[int],
 
 def profile_model(spec: ModelSpec, *, device: str = "cpu", threads: int = 1, granularity: str = "block",
                   micro_sizes: Sequence[int] | None = None, repeats: int = 3, warmup: int = 1,
-                  concurrency: int = 1, link: Link | None = None) -> Profile:
+                  concurrency: int = 1, link: Link | None = None, pool: Any = None) -> Profile:
     """Measure a fresh profile (see the module docstring).
 
     With ``concurrency`` S > 1 the segments are timed in S stage workers at once, each on its own
@@ -184,11 +184,16 @@ def profile_model(spec: ModelSpec, *, device: str = "cpu", threads: int = 1, gra
     if spec.batch_size not in micro:
         micro.append(spec.batch_size)
     if concurrency > 1:
+        from contextlib import nullcontext
+
         from pipeline.pool import StagePool
 
-        with StagePool(concurrency, device=device, threads_per_stage=threads, quiet=True) as pool:
-            ranks = pool.profile(spec, granularity, micro, repeats, warmup)
-            samples = pool.measure_link(_link_sizes(ranks[0], micro)) if link is None else None
+        # a search's own pool (same stage count) is reused: under torchrun it is the only one there is
+        own = pool is not None and pool.stages == concurrency
+        with nullcontext(pool) if own else StagePool(concurrency, device=device, threads_per_stage=threads,
+                                                     quiet=True) as p:
+            ranks = p.profile(spec, granularity, micro, repeats, warmup)
+            samples = p.measure_link(_link_sizes(ranks[0], micro)) if link is None else None
         if samples is not None:
             link = fit_link(samples, "nccl" if device == "cuda" else "gloo")
         first = ranks[0]
@@ -227,7 +232,8 @@ def _link_sizes(measured: dict[str, Any], micro: Sequence[int]) -> list[int]:
 
 def load_or_profile(spec: ModelSpec, *, device: str = "cpu", threads: int = 1, granularity: str = "block",
                     micro_sizes: Sequence[int] | None = None, reprofile: bool = False, root: Path = PROFILE_DIR,
-                    repeats: int = 3, concurrency: int = 1, quiet: bool = False) -> tuple[Profile, bool]:
+                    repeats: int = 3, concurrency: int = 1, quiet: bool = False,
+                    pool: Any = None) -> tuple[Profile, bool]:
     """(profile, whether it came from the cache): reuse ``results/profiles/`` unless told to measure again."""
     from pipeline.export import write_json
 
@@ -243,7 +249,7 @@ def load_or_profile(spec: ModelSpec, *, device: str = "cpu", threads: int = 1, g
         print(f"profiling {spec.name} (batch {spec.batch_size}, {threads} thread(s), {device}, {concurrency} "
               f"stage(s) at once) at microbatch sizes {micro} ...", file=sys.stderr, flush=True)
     prof = profile_model(spec, device=device, threads=threads, granularity=granularity, micro_sizes=micro,
-                         repeats=repeats, concurrency=concurrency)
+                         repeats=repeats, concurrency=concurrency, pool=pool)
     write_json(path, prof.to_dict())
     return prof, False
 

@@ -70,6 +70,8 @@ def measured(result: TrialResult) -> dict[str, Any]:
         "peak_mem_bytes": list(result.peak_mem_bytes),
         "max_abs_diff": result.max_abs_diff,
         "tolerance": result.tolerance,
+        "events": [list(map(list, rank)) for rank in result.events],
+        "comm_events": [list(map(list, rank)) for rank in result.comm_events],
     }
 
 

@@ -37,14 +37,34 @@ def available_cores() -> int:
 
 
 def default_threads(stages: int) -> int:
-    """Threads per stage that fill the machine's cores without oversubscribing them (at least one)."""
-    return max(1, available_cores() // stages)
+    """Threads per stage that fill the machine's cores without oversubscribing them (at least one); under
+    torchrun only this host's ranks share its cores."""
+    from pipeline.launch import torchrun_env
+
+    env = torchrun_env()
+    local = env.local_world_size if env is not None else stages
+    return max(1, available_cores() // local)
+
+
+def resolve_device(device: str, stages: int) -> str:
+    """The device a command will use: ``cuda`` with fewer GPUs than stages falls back to ``cpu``, saying so
+    in one line (results, study names and plans then say cpu, so nothing is mislabelled)."""
+    try:
+        check_device(device, stages)
+    except PipesplitError as e:
+        print(f"warning: {e}; falling back to --device cpu (gloo)", file=sys.stderr)
+        return "cpu"
+    return device
 
 
 def check_device(device: str, stages: int) -> None:
     """Fail clearly when CUDA is asked for but fewer GPUs than stages exist."""
     if device != "cuda":
         return
+    from pipeline.launch import torchrun_env
+
+    if torchrun_env() is not None:
+        return  # each host checks its own GPUs against its own ranks when the ranks start
     import torch
 
     n = torch.cuda.device_count() if torch.cuda.is_available() else 0
@@ -66,6 +86,59 @@ def _aligned(ranks: list[dict[str, Any]], key: str, at: int) -> list[list[tuple]
         shift = t0 - base if base is not None else 0.0
         out.append([tuple(v + shift if i in (at, at + 1) else v for i, v in enumerate(e)) for e in d.get(key, [])])
     return out
+
+
+def result_from_replies(plan_dict: dict[str, Any], replies: list[Any], wall: float) -> tuple[TrialResult, bool]:
+    """One TrialResult from every rank's ``("result", dict)`` reply (or ``("dead"|"timeout", why)``), and
+    whether the process group may be broken (a rank died, hung or failed mid-trial)."""
+    failures = [r for r in replies if not (isinstance(r, tuple) and r[0] == "result")]
+    if failures:
+        # a rank that failed explains the ranks left waiting on it
+        errors = [r[1]["error"] for r in replies if isinstance(r, tuple) and r[0] == "result"
+                  and isinstance(r[1], dict) and r[1].get("error")]
+        reason = "; ".join([*[f[1] for f in failures if f[0] == "dead"], *errors,
+                            *[f[1] for f in failures if f[0] != "dead"]][:2])
+        return TrialResult.failed(plan_dict, reason, wall_s=wall), True
+    ranks = [r[1] for r in replies]
+    errors = [d for d in ranks if d.get("error")]
+    if errors:
+        return TrialResult.failed(plan_dict, errors[0]["error"], wall_s=wall,
+                                  max_abs_diff=ranks[-1].get("max_abs_diff", float("nan")),
+                                  tolerance=ranks[-1].get("tolerance", float("nan"))), \
+            any(d.get("fatal") for d in errors)
+    return TrialResult(
+        plan=plan_dict,
+        ok=True,
+        serial_s=tuple(ranks[0]["serial_s"]),
+        serial_all_s=tuple(ranks[0]["serial_all_s"]),
+        pipeline_s=tuple(ranks[0]["pipeline_s"]),
+        stage_compute_s=tuple(median(d["compute_s"]) for d in ranks),
+        stage_comm_s=tuple(median(d["comm_s"]) for d in ranks),
+        boundary_bytes=tuple(int(d["out_bytes"]) for d in ranks[:-1]),
+        peak_mem_bytes=tuple(int(d["peak_mem"]) for d in ranks),
+        max_abs_diff=float(ranks[-1]["max_abs_diff"]),
+        tolerance=float(ranks[-1]["tolerance"]),
+        build_s=max(d["build_s"] for d in ranks),
+        wall_s=wall,
+        busy_s=max(d["busy_s"] for d in ranks),
+        events=tuple(tuple(tuple(e) for e in ev) for ev in _aligned(ranks, "events", 1)),
+        comm_events=tuple(tuple(tuple(e) for e in ev) for ev in _aligned(ranks, "comm_events", 1)),
+        traces=tuple(d["trace"] for d in ranks if d.get("trace")),
+    ), False
+
+
+def check_trial_args(plan: SplitPlan, stages: int, device: str, repeats: int, warmup: int) -> None:
+    if plan.stages != stages:
+        raise PipesplitError(f"plan has {plan.stages} stages but the pool has {stages}: start a pool per stage count")
+    if plan.device != device:
+        raise PipesplitError(f"plan is for {plan.device} but the pool runs on {device}")
+    if repeats < 1 or warmup < 0:
+        raise PipesplitError(f"repeats must be >= 1 and warmup >= 0 (got {repeats}, {warmup})")
+
+
+def trial_opts(repeats: int, warmup: int, serial_all: bool, serial: bool, trace_dir: str | None) -> dict[str, Any]:
+    return {"repeats": repeats, "warmup": warmup, "serial_all": serial_all, "serial": serial,
+            "trace_dir": os.path.abspath(trace_dir) if trace_dir else None}
 
 
 class StagePool:
@@ -162,16 +235,10 @@ class StagePool:
     def run(self, plan: SplitPlan, *, repeats: int = 3, warmup: int = 1, timeout_s: float = 900.0,
             serial_all: bool = True, serial: bool = True, trace_dir: str | None = None) -> TrialResult:
         """Run one real trial of ``plan``; a failure (bad build, wrong output, dead or hung rank) is a failed result."""
-        if plan.stages != self.stages:
-            raise PipesplitError(f"plan has {plan.stages} stages but the pool has {self.stages}: start a pool per stage count")
-        if plan.device != self.device:
-            raise PipesplitError(f"plan is for {plan.device} but the pool runs on {self.device}")
-        if repeats < 1 or warmup < 0:
-            raise PipesplitError(f"repeats must be >= 1 and warmup >= 0 (got {repeats}, {warmup})")
+        check_trial_args(plan, self.stages, self.device, repeats, warmup)
         if not self._procs:
             self.start()
-        opts = {"repeats": repeats, "warmup": warmup, "serial_all": serial_all, "serial": serial,
-                "trace_dir": os.path.abspath(trace_dir) if trace_dir else None}
+        opts = trial_opts(repeats, warmup, serial_all, serial, trace_dir)
         t = time.perf_counter()
         plan_dict = plan.to_dict()
         for conn in self._conns:
@@ -180,43 +247,10 @@ class StagePool:
             except (BrokenPipeError, OSError):
                 pass  # the sentinel reports it
         replies = self._collect(timeout_s)
-        wall = time.perf_counter() - t
-        failures = [r for r in replies if not (isinstance(r, tuple) and r[0] == "result")]
-        if failures:
-            # a rank that failed explains the ranks left waiting on it
-            errors = [r[1]["error"] for r in replies if isinstance(r, tuple) and r[0] == "result"
-                      and isinstance(r[1], dict) and r[1].get("error")]
-            reason = "; ".join([*[f[1] for f in failures if f[0] == "dead"], *errors,
-                                *[f[1] for f in failures if f[0] != "dead"]][:2])
+        result, broken = result_from_replies(plan_dict, replies, time.perf_counter() - t)
+        if broken:
             self.restart()
-            return TrialResult.failed(plan_dict, reason, wall_s=wall)
-        ranks = [r[1] for r in replies]
-        errors = [d for d in ranks if d.get("error")]
-        if errors:
-            if any(d.get("fatal") for d in errors):
-                self.restart()
-            return TrialResult.failed(plan_dict, errors[0]["error"], wall_s=wall,
-                                      max_abs_diff=ranks[-1].get("max_abs_diff", float("nan")),
-                                      tolerance=ranks[-1].get("tolerance", float("nan")))
-        return TrialResult(
-            plan=plan_dict,
-            ok=True,
-            serial_s=tuple(ranks[0]["serial_s"]),
-            serial_all_s=tuple(ranks[0]["serial_all_s"]),
-            pipeline_s=tuple(ranks[0]["pipeline_s"]),
-            stage_compute_s=tuple(median(d["compute_s"]) for d in ranks),
-            stage_comm_s=tuple(median(d["comm_s"]) for d in ranks),
-            boundary_bytes=tuple(int(d["out_bytes"]) for d in ranks[:-1]),
-            peak_mem_bytes=tuple(int(d["peak_mem"]) for d in ranks),
-            max_abs_diff=float(ranks[-1]["max_abs_diff"]),
-            tolerance=float(ranks[-1]["tolerance"]),
-            build_s=max(d["build_s"] for d in ranks),
-            wall_s=wall,
-            busy_s=max(d["busy_s"] for d in ranks),
-            events=tuple(tuple(tuple(e) for e in ev) for ev in _aligned(ranks, "events", 1)),
-            comm_events=tuple(tuple(tuple(e) for e in ev) for ev in _aligned(ranks, "comm_events", 1)),
-            traces=tuple(d["trace"] for d in ranks if d.get("trace")),
-        )
+        return result
 
     def _command(self, msg: tuple[Any, ...], timeout_s: float, what: str) -> list[dict[str, Any]]:
         """Send one non-trial command to every rank; one reply dict per rank, or restart and raise."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 from collections.abc import Sequence
 
@@ -81,7 +82,7 @@ def plan_from_args(args: argparse.Namespace) -> SplitPlan:
     """The plan that the flags describe, validated against the model's real execution order."""
     from pipeline.candidates import find_candidates
     from pipeline.models import build_model
-    from pipeline.pool import default_threads
+    from pipeline.pool import default_threads, resolve_device
 
     if args.split:
         given = [f"--{f.replace('_', '-')}" for f in MODEL_FLAGS if getattr(args, f) is not None]
@@ -89,6 +90,9 @@ def plan_from_args(args: argparse.Namespace) -> SplitPlan:
         if given:
             raise PipesplitError(f"--split runs the saved plan as it is: drop {', '.join(given)}")
         plan = SplitPlan.load(args.split)
+        device = resolve_device(plan.device, plan.stages)
+        if device != plan.device:
+            plan = dataclasses.replace(plan, device=device)
         cands = find_candidates(build_model(plan.model), plan.model, args.granularity)
         cands.validate(plan)
         return plan
@@ -117,7 +121,8 @@ def plan_from_args(args: argparse.Namespace) -> SplitPlan:
     stages = len(points) + 1
     plan = SplitPlan(
         model=spec, split_points=points, chunks=1 if args.chunks is None else args.chunks,
-        backend=args.backend or "torch", schedule=args.schedule or "GPipe", device=args.device or "cpu",
+        backend=args.backend or "torch", schedule=args.schedule or "GPipe",
+        device=resolve_device(args.device or "cpu", stages),
         threads_per_stage=args.threads_per_stage or default_threads(stages),
     )
     cands.validate(plan)
@@ -150,12 +155,15 @@ def format_result(result: TrialResult) -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     from pipeline.export import document, write_json
-    from pipeline.pool import StagePool
+    from pipeline.launch import follower_exit, open_pool
 
     try:
+        code = follower_exit(args)  # under torchrun, ranks > 0 follow rank 0, which runs the plan
+        if code is not None:
+            return code
         plan = plan_from_args(args)
         print(f"plan: {plan.describe()}, {plan.threads_per_stage} thread(s)/stage on {plan.device}", flush=True)
-        with StagePool(plan.stages, device=plan.device, threads_per_stage=plan.threads_per_stage) as pool:
+        with open_pool(plan.stages, device=plan.device, threads_per_stage=plan.threads_per_stage) as pool:
             result = pool.run(plan, repeats=args.repeats, warmup=args.warmup, timeout_s=args.timeout,
                               serial_all=not args.no_serial_all, trace_dir=args.profile)
         print(format_result(result))
@@ -172,6 +180,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0 if result.ok else 1
     except PipesplitError as e:
         print(f"error: {e}", file=sys.stderr)
+        from pipeline.launch import release_followers
+
+        release_followers(args)
         return 2
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)

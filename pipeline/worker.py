@@ -37,6 +37,8 @@ class WorkerConfig:
     init_method: str
     timeout_s: float
     threads: int = 1
+    local_rank: int | None = None
+    """This rank's GPU index on its host (torchrun's LOCAL_RANK); the rank modulo the GPU count otherwise."""
 
 
 def _one_line(e: BaseException) -> str:
@@ -208,8 +210,7 @@ class _Rank:
         self.rank = rank
         self.cfg = cfg
         self.world = cfg.world_size
-        self.device = torch.device(f"cuda:{rank % max(1, torch.cuda.device_count())}") if cfg.device == "cuda" \
-            else torch.device("cpu")
+        self.device = torch.device(f"cuda:{gpu_index(rank, cfg)}") if cfg.device == "cuda" else torch.device("cpu")
         self.models: dict[str, nn.Module] = {}
         self.refs: dict[str, torch.Tensor] = {}
         self.warm: set[tuple[str, int]] = set()
@@ -424,21 +425,50 @@ def _preload() -> None:
     import torch.export  # noqa: F401
 
 
-def worker_main(rank: int, cfg: WorkerConfig, conn: Any) -> None:
-    """Process entry point: join the group, then answer trial messages until ``stop``."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the driver owns Ctrl-C and shuts the pool down
+def gpu_index(rank: int, cfg: WorkerConfig) -> int:
+    """The GPU a rank drives: torchrun's LOCAL_RANK when given, else the rank modulo this host's GPUs."""
+    return cfg.local_rank if cfg.local_rank is not None else rank % max(1, torch.cuda.device_count())
+
+
+def join_group(rank: int, cfg: WorkerConfig) -> _Rank:
+    """Join the pipeline's process group (gloo on CPU, NCCL on CUDA) and set up this rank's state."""
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     os.environ.setdefault("KINETO_LOG_LEVEL", "5")  # torch.profiler (--profile) is chatty on stderr otherwise
+    backend = "nccl" if cfg.device == "cuda" else "gloo"
+    if cfg.device == "cuda":
+        torch.cuda.set_device(gpu_index(rank, cfg))
+    dist.init_process_group(backend, init_method=cfg.init_method, rank=rank, world_size=cfg.world_size,
+                            timeout=timedelta(seconds=cfg.timeout_s))
+    if cfg.device == "cpu":
+        torch.set_num_threads(cfg.threads)
+    state = _Rank(rank, cfg)
+    _preload()
+    return state
+
+
+def handle(state: _Rank, msg: tuple[Any, ...]) -> dict[str, Any]:
+    """Answer one driver command (trial, profile, link) on this rank; an exception becomes a fatal reply."""
+    rank = state.rank
+    kind = msg[0]
     try:
-        backend = "nccl" if cfg.device == "cuda" else "gloo"
-        if cfg.device == "cuda":
-            torch.cuda.set_device(rank % torch.cuda.device_count())
-        dist.init_process_group(backend, init_method=cfg.init_method, rank=rank, world_size=cfg.world_size,
-                                timeout=timedelta(seconds=cfg.timeout_s))
-        if cfg.device == "cpu":
-            torch.set_num_threads(cfg.threads)
-        state = _Rank(rank, cfg)
-        _preload()
+        if kind == "trial":
+            return state.trial(msg[1], msg[2])
+        if kind == "profile":
+            return state.profile(*msg[1:])
+        if kind == "link":
+            return state.link(msg[1], msg[2])
+        return {"rank": rank, "error": f"unknown command {kind!r}", "fatal": True}
+    except Exception as e:  # noqa: BLE001 - the process group may be broken: the driver restarts the pool
+        what = {"trial": "failed mid-trial", "profile": "could not profile", "link": "could not measure the link"}
+        return {"rank": rank, "error": f"rank {rank} {what.get(kind, 'failed')}: {_one_line(e)}", "fatal": True,
+                "trace": traceback.format_exc()[-2000:]}
+
+
+def worker_main(rank: int, cfg: WorkerConfig, conn: Any) -> None:
+    """Process entry point: join the group, then answer the driver's messages until ``stop``."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the driver owns Ctrl-C and shuts the pool down
+    try:
+        state = join_group(rank, cfg)
         conn.send(("ready", rank))
     except Exception as e:  # noqa: BLE001
         conn.send(("error", f"rank {rank} could not join the process group: {_one_line(e)}"))
@@ -450,25 +480,7 @@ def worker_main(rank: int, cfg: WorkerConfig, conn: Any) -> None:
             break
         if msg[0] == "stop":
             break
-        if msg[0] == "profile":
-            try:
-                conn.send(("result", state.profile(*msg[1:])))
-            except Exception as e:  # noqa: BLE001
-                conn.send(("result", {"rank": rank, "error": f"rank {rank} could not profile: {_one_line(e)}",
-                                      "fatal": True}))
-            continue
-        if msg[0] == "link":
-            try:
-                conn.send(("result", state.link(msg[1], msg[2])))
-            except Exception as e:  # noqa: BLE001
-                conn.send(("result", {"rank": rank, "error": f"link measurement failed: {_one_line(e)}", "fatal": True}))
-            continue
-        if msg[0] == "trial":
-            try:
-                conn.send(("result", state.trial(msg[1], msg[2])))
-            except Exception as e:  # noqa: BLE001 - the process group may be broken: the driver restarts the pool
-                conn.send(("result", {"rank": rank, "error": f"rank {rank} failed mid-trial: {_one_line(e)}",
-                                      "fatal": True, "trace": traceback.format_exc()[-2000:]}))
+        conn.send(("result", handle(state, msg)))
     try:
         dist.destroy_process_group()
     except Exception:  # noqa: BLE001

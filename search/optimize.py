@@ -92,9 +92,17 @@ def default_study_name(model: str, stages: int, batch: int, device: str, granula
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
+        from pipeline.launch import follower_exit
+
+        code = follower_exit(args)  # under torchrun, ranks > 0 follow rank 0, which runs the search
+        if code is not None:
+            return code
         return _run(args)
     except PipesplitError as e:
         print(f"error: {e}", file=sys.stderr)
+        from pipeline.launch import release_followers
+
+        release_followers(args)
         return 2
 
 
@@ -127,7 +135,8 @@ def run_study(args: argparse.Namespace, stages: int, *, references: bool = False
     from pipeline.candidates import find_candidates
     from pipeline.cli import spec_from_args
     from pipeline.models import build_model
-    from pipeline.pool import StagePool, check_device, default_threads
+    from pipeline.launch import open_pool
+    from pipeline.pool import default_threads, resolve_device
     from search.runner import Search
     from search.space import feasible_chunks
     from search.storage import open_storage
@@ -143,8 +152,7 @@ def run_study(args: argparse.Namespace, stages: int, *, references: bool = False
         wanted = [int(c) for c in args.chunks.split(",") if c.strip()]
     except ValueError:
         raise PipesplitError(f"--chunks {args.chunks!r} must be comma-separated integers, e.g. 1,4,16") from None
-    device = args.device or "cpu"
-    check_device(device, stages)
+    device = resolve_device(args.device or "cpu", stages)
     storage = open_storage(args.storage)
     spec = spec_from_args(args)
     chunks = feasible_chunks(spec.batch_size, wanted)
@@ -180,14 +188,15 @@ def run_study(args: argparse.Namespace, stages: int, *, references: bool = False
                              "pass --study-name to start a new study, or the same flags to resume it")
     study.set_user_attr("config", config)
     study.set_user_attr("model_spec", spec.to_dict())
-    prof, cached = load_or_profile(spec, device=device, threads=threads, granularity=args.granularity,
-                                   micro_sizes=[spec.batch_size // c for c in chunks],
-                                   root=Path(args.results_dir) / "profiles", concurrency=stages, repeats=2)
-    print(f"study {name} in {args.storage}: {len(cands.cuts)} cut points, chunks {chunks}, "
-          f"{threads} thread(s)/stage; profile {'from cache' if cached else 'measured'}", flush=True)
-    started = time.monotonic()
     extra: list[Path] = []
-    with StagePool(stages, device=device, threads_per_stage=threads) as pool:
+    with open_pool(stages, device=device, threads_per_stage=threads) as pool:
+        prof, cached = load_or_profile(spec, device=device, threads=threads, granularity=args.granularity,
+                                       micro_sizes=[spec.batch_size // c for c in chunks],
+                                       root=Path(args.results_dir) / "profiles", concurrency=stages, repeats=2,
+                                       pool=pool)
+        print(f"study {name} in {args.storage}: {len(cands.cuts)} cut points, chunks {chunks}, "
+              f"{threads} thread(s)/stage; profile {'from cache' if cached else 'measured'}", flush=True)
+        started = time.monotonic()
         search = Search(study=study, pool=pool, profile=prof, cands=cands, spec=spec, stages=stages,
                         chunks=chunks, threads=threads, backend=args.backend or "torch",
                         schedule=args.schedule or "GPipe", device=device, repeats=args.repeats,
@@ -199,7 +208,12 @@ def run_study(args: argparse.Namespace, stages: int, *, references: bool = False
             if references:  # every reference policy is measured, however few trials were asked for
                 trials = max(trials, search.seed_count())
             search.optimize(trials, timeout=args.timeout, started=started)
-            confirmation = search.confirm(args.confirm_top, args.confirm_rounds, references=references)
+            busy = search.others_running()
+            if busy:  # the last worker to finish confirms, so that confirmation runs are not timed side by side
+                print(f"other workers are still measuring trials {busy}: the last one to finish confirms")
+                confirmation = None
+            else:
+                confirmation = search.confirm(args.confirm_top, args.confirm_rounds, references=references)
             if args.profile:
                 extra += _trace_best(search, confirmation, outdir / "traces")
         except KeyboardInterrupt:

@@ -9,12 +9,15 @@ is still run), the plan is pruned without a run. Enqueued seeds always run.
 from __future__ import annotations
 
 import math
+import os
+import socket
 import statistics
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
 import optuna
+from optuna.trial import TrialState
 
 from costmodel.simulate import simulate
 from costmodel.types import Profile
@@ -29,7 +32,18 @@ from search.space import cut_ranges, decode, encode, violation
 MEASURED = "measured"
 PRUNE_AFTER = 3
 PRUNE_MARGIN = 0.97
+CLAIM_POLL_S = 2.0  # how often a worker with nothing left to claim looks at the others' trials
 IDLE_LIMIT = 60  # proposals in a row that need no run before the search counts the space as exhausted
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 class TrialFailed(Exception):
@@ -56,6 +70,8 @@ class Search:
     artifacts: Any = None
     """An Optuna artifact store: every measured trial's timeline PNG is uploaded to it (dashboard shows it)."""
     results: dict[int, TrialResult] = field(default_factory=dict)
+    budget: int | None = None
+    """The study's total of measured trials, shared by every worker on it (set by ``optimize``)."""
     confirmed: dict[int, TrialResult] = field(default_factory=dict)
     """Per trial number, the last confirmation-round result (its timeline and per-stage breakdown)."""
 
@@ -72,8 +88,43 @@ class Search:
         return f"{[(p.fqn, p.kind) for p in plan.split_points]}|{plan.chunks}"
 
     def measured_trials(self) -> list[optuna.trial.FrozenTrial]:
-        states = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.FAIL)
-        return [t for t in self.study.get_trials(deepcopy=False, states=states) if t.user_attrs.get(MEASURED)]
+        """Trials that ran a plan to the end: complete, or failed with a reason (a stale trial, whose worker
+        died, has none and is not counted)."""
+        out = []
+        for t in self.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.FAIL)):
+            if t.user_attrs.get(MEASURED) and (t.state == TrialState.COMPLETE or t.user_attrs.get("fail_reason")):
+                out.append(t)
+        return out
+
+    def claims(self) -> list[optuna.trial.FrozenTrial]:
+        """Measured trials plus those being measured now, by this or another worker on the same study."""
+        running = [t for t in self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+                   if t.user_attrs.get(MEASURED)]
+        return self.measured_trials() + running
+
+    def fail_stale(self) -> list[int]:
+        """Fail trials left RUNNING by a dead worker on this host (journal storage has no heartbeats; RDB
+        storage also fails them by heartbeat, from any host). Returns their numbers."""
+        from optuna.storages import fail_stale_trials
+        from optuna.storages._heartbeat import is_heartbeat_enabled
+
+        if is_heartbeat_enabled(self.study._storage):
+            fail_stale_trials(self.study)
+        host = socket.gethostname()
+        out = []
+        for t in self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+            who = str(t.user_attrs.get("worker", ""))
+            name, _, pid = who.rpartition(":")
+            if name != host or not pid.isdigit() or int(pid) == os.getpid() or _alive(int(pid)):
+                continue
+            storage = self.study._storage
+            try:
+                storage.set_trial_user_attr(t._trial_id, "stale", f"worker {who} died while measuring it")
+                storage.set_trial_state_values(t._trial_id, state=TrialState.FAIL)
+                out.append(t.number)
+            except (RuntimeError, ValueError):  # another worker got there first
+                pass
+        return out
 
     def best_measured(self) -> optuna.trial.FrozenTrial | None:
         ok = [t for t in self.measured_trials() if t.state == optuna.trial.TrialState.COMPLETE]
@@ -86,10 +137,12 @@ class Search:
             return
         for s in seeds(self.profile, self.cands, self.stages, self.chunks):
             if s.cuts is not None:
-                self.study.enqueue_trial(encode(s.cuts, s.chunks), user_attrs={"source": s.source})
+                self.study.enqueue_trial(encode(s.cuts, s.chunks), user_attrs={"source": s.source},
+                                         skip_if_exists=True)
             else:
                 plan = self.plan(s.points or (), s.chunks)
-                self.study.enqueue_trial({}, user_attrs={"source": s.source, "fixed_plan": plan.to_dict()})
+                self.study.enqueue_trial({}, user_attrs={"source": s.source, "fixed_plan": plan.to_dict()},
+                                         skip_if_exists=True)
         self.study.set_user_attr("seeded", True)
 
     def seed_count(self) -> int:
@@ -134,6 +187,8 @@ class Search:
             self._maybe_prune(trial, prediction.speedup)
         trial.set_user_attr("plan_key", key)
         trial.set_user_attr(MEASURED, True)
+        trial.set_user_attr("worker", f"{socket.gethostname()}:{os.getpid()}")
+        self._check_claim(trial, key)
         try:
             # warmup=0: the output check just ran the freshly built pipeline once, which is its warm-up
             result = self.pool.run(plan, repeats=self.repeats, warmup=0, timeout_s=self.trial_timeout,
@@ -150,6 +205,30 @@ class Search:
         if not result.ok:
             raise TrialFailed(result.reason)
         return result.speedup
+
+    def _check_claim(self, trial: optuna.Trial, key: str) -> None:
+        """Back off when, with other workers on the study, the trial budget is taken or the same plan is
+        being measured. The claim (``measured``) is written before the count is read, so of two workers
+        racing for the last slot at least one sees the other; ties back off and the loop asks again."""
+        if self.budget is None:
+            return
+        claims = self.claims()
+        mine = [t for t in claims if t.number != trial.number]
+        same = [t for t in mine if t.state == TrialState.RUNNING and t.user_attrs.get("plan_key") == key]
+        why = None
+        if len(mine) >= self.budget:
+            why = f"the study's {self.budget} trials are measured or being measured by other workers"
+        elif same:
+            why = f"the same plan is being measured by trial {same[0].number}"
+        if why:
+            trial.set_user_attr(MEASURED, False)
+            trial.set_user_attr("skipped", why)
+            raise optuna.TrialPruned(why)
+
+    def others_running(self) -> list[int]:
+        """Trials another worker is measuring now (this worker runs one trial at a time, between them none)."""
+        return [t.number for t in self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+                if t.user_attrs.get(MEASURED)]
 
     def _upload_timeline(self, trial: optuna.Trial, result: TrialResult, plan: SplitPlan) -> None:
         """The trial's measured timeline as a PNG artifact beside the trial in optuna-dashboard."""
@@ -186,6 +265,8 @@ class Search:
         from tqdm import tqdm
 
         started = started or time.monotonic()
+        self.budget = trials
+        self.fail_stale()
         done = len(self.measured_trials())
         bar = tqdm(total=trials, initial=min(done, trials), desc="trials", unit="trial", disable=not self.progress,
                    dynamic_ncols=True)
@@ -194,10 +275,18 @@ class Search:
             while done < trials:
                 if timeout is not None and time.monotonic() - started > timeout:
                     break
+                if len(self.claims()) >= trials:
+                    # other workers are measuring the last trials: wait for them (or for their staleness)
+                    time.sleep(CLAIM_POLL_S)
+                    self.fail_stale()
+                    now = len(self.measured_trials())
+                    bar.update(max(0, min(now, trials) - min(done, trials)))
+                    done = now
+                    continue
                 self.study.optimize(self.objective, n_trials=1, catch=(TrialFailed,))
                 now = len(self.measured_trials())
                 if now > done:
-                    bar.update(now - done)
+                    bar.update(max(0, min(now, trials) - min(done, trials)))
                     idle = 0
                 else:
                     idle += 1

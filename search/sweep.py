@@ -51,6 +51,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
+    from pipeline.launch import torchrun_env
+
+    if torchrun_env() is not None:
+        raise PipesplitError("a sweep needs a different number of processes per stage count: under torchrun, "
+                             "run python -m search.optimize --stages <nnodes x nproc-per-node> instead")
     from pipeline.candidates import find_candidates
     from pipeline.cli import spec_from_args
     from pipeline.models import build_model

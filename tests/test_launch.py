@@ -1,0 +1,91 @@
+"""torchrun: two agents on 127.0.0.1 (c10d rendezvous, 2 "nodes" x 1 process) run real trials; the
+placement helpers on their own."""
+
+import json
+import subprocess
+import sys
+
+import optuna
+import pytest
+
+from pipeline.errors import PipesplitError
+from pipeline.launch import RankPool, follower_exit, torchrun_env
+from tests.conftest import TINY_VIT_ARGS
+from tests.test_optimize import _free_port
+
+TORCHRUN_ENV = {"TORCHELASTIC_RUN_ID": "t", "RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0",
+                "LOCAL_WORLD_SIZE": "1"}
+
+
+def test_no_torchrun_means_local_workers(monkeypatch):
+    monkeypatch.delenv("TORCHELASTIC_RUN_ID", raising=False)
+    assert torchrun_env() is None
+    assert follower_exit(None) is None
+
+
+def test_torchrun_placement_and_a_stage_count_that_does_not_match(monkeypatch):
+    for k, v in TORCHRUN_ENV.items():
+        monkeypatch.setenv(k, v)
+    env = torchrun_env()
+    assert (env.rank, env.world_size, env.local_rank, env.local_world_size) == (0, 2, 0, 1)
+    with pytest.raises(PipesplitError, match="torchrun started 2 processes but --stages is 4: pass --stages 2"):
+        RankPool(4)
+
+
+def agents(argv, tmp_path, timeout=600):
+    """Two torchrun agents, as two nodes would start them, meeting at one c10d rendezvous endpoint."""
+    port = _free_port()
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1",
+           "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "pipesplit-test",
+           "--max-restarts", "0", *argv]
+    procs = [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=tmp_path)
+             for _ in range(2)]
+    outs = []
+    for p in procs:
+        try:
+            out, _ = p.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            for q in procs:
+                q.kill()
+            raise
+        outs.append((p.returncode, out))
+    return outs
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+def test_two_torchrun_agents_run_a_search_trial_and_record_it(tmp_path):
+    db = tmp_path / "o.db"
+    argv = ["-m", "search.optimize", *TINY_VIT_ARGS, "--stages", "2", "--chunks", "2", "--trials", "1",
+            "--repeats", "1", "--confirm-top", "1", "--confirm-rounds", "1", "--threads-per-stage", "1",
+            "--no-progress", "--storage", f"sqlite:///{db}", "--study-name", "torchrun", "--results-dir",
+            str(tmp_path / "results")]
+    outs = agents(argv, tmp_path)
+    assert all(code == 0 for code, _ in outs), outs
+    study = optuna.load_study(study_name="torchrun", storage=f"sqlite:///{db}")
+    measured = [t for t in study.trials if t.user_attrs.get("measured")]
+    assert len(measured) == 1 and measured[0].state == optuna.trial.TrialState.COMPLETE
+    assert measured[0].user_attrs["output_check"] == "ok" and measured[0].value > 0
+    best = json.loads((tmp_path / "results" / "torchrun" / "best_split.json").read_text())
+    assert best["stages"] == 2 and best["measured"]["speedup"] > 0
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+def test_two_torchrun_agents_run_a_plan_and_bad_input_releases_the_followers(tmp_path):
+    out = tmp_path / "r.json"
+    argv = ["-m", "pipeline.run", *TINY_VIT_ARGS, "--split-points", "blocks.2", "--chunks", "2", "--repeats", "1",
+            "--threads-per-stage", "1", "--no-serial-all", "--out", str(out)]
+    outs = agents(argv, tmp_path)
+    assert all(code == 0 for code, _ in outs), outs
+    doc = json.loads(out.read_text())
+    assert doc["measured"]["ok"] and doc["split_points"] == [{"fqn": "blocks.2", "kind": "BEGINNING"}]
+    # rank 0 refuses the input before any pool exists: it still lets rank 1 go, so both end promptly
+    bad = ["-m", "pipeline.run", *TINY_VIT_ARGS, "--split-points", "nope.1", "--threads-per-stage", "1"]
+    outs = agents(bad, tmp_path, timeout=180)  # without the release, the follower's agent waits 300 s
+    text = "".join(o for _, o in outs)
+    assert "error: split point 'nope.1' is not a module" in text
+    assert all(code != 0 for code, _ in outs)
+    root = __import__("pathlib").Path(__file__).parents[1]
+    for pkg in ("pipeline", "search"):  # torchrun prints its own ChildFailedError; pipesplit prints one line
+        assert f'File "{root / pkg}' not in text
