@@ -194,6 +194,7 @@ def run_study(args: argparse.Namespace, stages: int, *, references: bool = False
                                        micro_sizes=[spec.batch_size // c for c in chunks],
                                        root=Path(args.results_dir) / "profiles", concurrency=stages, repeats=2,
                                        pool=pool)
+        study.set_user_attr("segments", [seg.fqn for seg in prof.segments])
         print(f"study {name} in {args.storage}: {len(cands.cuts)} cut points, chunks {chunks}, "
               f"{threads} thread(s)/stage; profile {'from cache' if cached else 'measured'}", flush=True)
         started = time.monotonic()

@@ -80,13 +80,15 @@ def compute_comm(timelines: dict[str, Timeline], path: str | Path) -> Path:
                              sharey=False)
     kinds = [("compute", COLORS["compute"]), ("recv", COLORS["recv"]), ("send", COLORS["send"]),
              ("send_wait", COLORS["send_wait"]), ("idle", "#dddddd")]
+    names = {"compute": "compute", "recv": "receive (incl. waiting)", "send": "send (post)",
+             "send_wait": "send wait (next stage busy)", "idle": "idle"}
     for ax, label in zip(axes[0], labels):
         tl = timelines[label]
         totals = [tl.totals(r) for r in range(tl.stages)]
         bottom = [0.0] * tl.stages
         for kind, color in kinds:
             vals = [t[kind] * 1e3 for t in totals]
-            ax.bar(range(tl.stages), vals, bottom=bottom, color=color, label=kind)
+            ax.bar(range(tl.stages), vals, bottom=bottom, color=color, label=names[kind])
             bottom = [b + v for b, v in zip(bottom, vals)]
         ax.set_xticks(range(tl.stages))
         ax.set_xticklabels([f"s{r}" for r in range(tl.stages)])

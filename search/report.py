@@ -28,7 +28,7 @@ class PolicyRow:
     compute_s: tuple[float, ...] = ()
     """Per stage, measured time inside the stage module for the whole batch."""
     send_s: tuple[float, ...] = ()
-    """Per stage, measured time posting and waiting for sends."""
+    """Per stage, measured time posting sends (waiting for a busy next stage to take them is not counted)."""
     serial_s: float = math.nan
     """The serial model on one stage's threads, same run."""
     failed: str = ""
@@ -74,7 +74,7 @@ def losses(row: PolicyRow) -> dict[str, float]:
     imbalance: slowest stage's compute / mean stage compute. compute: all stages' compute / the serial
     model's time (smaller microbatches run less efficiently; stages share cores). bubbles: 1 / (1 - (S-1)/(M+S-1)),
     GPipe's fill and drain with M microbatches. communication: 1 / (1 - share of the pipeline time the busiest
-    rank spends sending). Their product approximates S / (S-fold speedup); what is left is overhead and waiting.
+    rank spends posting sends; waiting for a busy neighbour is imbalance, not communication, and is left out). Their product approximates S / (S-fold speedup); what is left is overhead and waiting.
     """
     s, m = row.stages, row.chunks
     out: dict[str, float] = {}
@@ -93,7 +93,7 @@ def losses(row: PolicyRow) -> dict[str, float]:
 WHY = {"imbalance": "the slowest stage does {x:.2f}x the mean stage's compute",
        "compute": "the stages together compute {x:.2f}x the serial model's time (smaller microbatches, shared cores)",
        "bubbles": "fill and drain with {m} microbatches over {s} stages idle {b:.0%} of each stage",
-       "communication": "sends take {c:.0%} of the pipeline time on the busiest rank"}
+       "communication": "posting sends takes {c:.0%} of the pipeline time on the busiest rank"}
 
 
 def reading(row: PolicyRow) -> str:
@@ -155,9 +155,16 @@ def markdown(title: str, rows: list[PolicyRow], *, plots: dict[str, str], meta: 
         pippy = next((r for r in rs if "pippy-equal-size" in r.policies), None)
         lines.append(f"## {s} stages (ideal {s}x)")
         lines.append("")
-        if best and pippy and pippy.measured > 0:
+        if best and pippy and best is pippy:
+            lines.append(f"The best plan is PiPPy's equal-size split: {best.measured:.2f}x, {best.measured / s:.0%} "
+                         "of the ideal.")
+            lines.append("")
+        elif best and pippy and pippy.measured > 0:
+            overlap = best.spread[0] <= pippy.spread[1]
             lines.append(f"Best {best.measured:.2f}x vs PiPPy's equal-size {pippy.measured:.2f}x: "
-                         f"{best.measured / pippy.measured:.2f}x better; {best.measured / s:.0%} of the ideal.")
+                         f"{best.measured / pippy.measured:.2f}x better; {best.measured / s:.0%} of the ideal."
+                         + (" Their spreads overlap: the difference is within this machine's run-to-run noise."
+                            if overlap else ""))
             lines.append("")
         lines.append(table(rs))
         lines.append("")

@@ -346,7 +346,8 @@ class Search:
                           "median": statistics.median(s) if s else math.nan,
                           "spread": [min(s), max(s)] if s else [math.nan, math.nan],
                           "predicted_speedup": t.user_attrs.get("predicted_speedup"),
-                          "predicted_bubble": t.user_attrs.get("predicted_bubble")})
+                          "predicted_bubble": t.user_attrs.get("predicted_bubble"),
+                          "detail": _detail(last.get(t.number))})
         finite = [r for r in table if not math.isnan(r["median"])]
         best = max(finite, key=lambda r: r["median"]) if finite else None
         out = {"rounds": rounds, "repeats_per_run": self.repeats, "plans": table,
@@ -355,6 +356,18 @@ class Search:
             self.results[-1] = last[best["trial"]]
         self.study.set_user_attr("confirmation", out)
         return out
+
+
+def _detail(result: TrialResult | None) -> dict[str, Any] | None:
+    """What a report needs of a confirmation run, kept in the study so that it can be rebuilt later:
+    per-stage compute, the serial time, the speedup and the measured timeline."""
+    if result is None:
+        return None
+    from pipeline.timeline import Timeline
+
+    return {"stage_compute_s": list(result.stage_compute_s),
+            "serial_s": statistics.median(result.serial_s) if result.serial_s else math.nan,
+            "speedup": result.speedup, "plan": result.plan, "timeline": Timeline.from_result(result).to_dict()}
 
 
 def _result_attrs(result: TrialResult) -> dict[str, Any]:

@@ -27,6 +27,7 @@ examples:
   python -m search.sweep --stages 2 3 4 --trials 8 --profile
   python -m search.sweep --model resnet50 --image-size 160 --batch-size 8 --stages 2 3
   # re-running resumes every study; the report is rebuilt from the new confirmation round
+  python -m search.sweep --stages 2 3 4 --report-only         # rebuild the report from the stored studies
   optuna-dashboard sqlite:///results/optuna.db --artifact-dir results/artifacts
 """
 
@@ -38,6 +39,8 @@ def _parser() -> argparse.ArgumentParser:
 
     p = build_parser("python -m search.sweep", __doc__ or "", EXAMPLES, sweep=True)
     p.add_argument("--name", default=None, help="sweep folder under --results-dir (default sweep-<model>-b<batch>-<device>)")
+    p.add_argument("--report-only", action="store_true",
+                   help="measure nothing: rebuild report.md and the plots from the studies' last confirmation rounds")
     return p
 
 
@@ -77,63 +80,96 @@ def _run(args: argparse.Namespace) -> int:
     device = args.device or "cpu"
     name = args.name or f"sweep-{spec.name}-b{spec.batch_size}-{device}"
     outdir = Path(args.results_dir) / name
-    runs: dict[int, Any] = {}
+    studies: dict[int, Any] = {}
+    artifacts = None
     interrupted = False
-    for s in counts:
-        print(f"\n=== {s} stages ===", flush=True)
-        run = run_study(args, s, references=True)
-        runs[s] = run
-        if run.interrupted:
-            interrupted = True
-            break
-    paths = write_report(runs, outdir, spec=spec, device=device, title=f"pipesplit sweep: {spec.name}")
+    if args.report_only:
+        import optuna
+
+        from search.optimize import default_study_name
+        from search.storage import open_storage
+
+        db = args.storage.removeprefix("sqlite:///")
+        if args.storage.startswith("sqlite:///") and not Path(db).exists():
+            raise PipesplitError(f"--report-only: {db} does not exist; run the sweep first (without --report-only)")
+        storage = open_storage(args.storage)
+        for s in counts:
+            study_name = default_study_name(spec.name, s, spec.batch_size, device, args.granularity)
+            try:
+                studies[s] = optuna.load_study(study_name=study_name, storage=storage)
+            except KeyError:
+                raise PipesplitError(f"--report-only: no study {study_name!r} in {args.storage}; run the sweep "
+                                     f"for --stages {s} first") from None
+    else:
+        for s in counts:
+            print(f"\n=== {s} stages ===", flush=True)
+            run = run_study(args, s, references=True)
+            studies[s] = run.study
+            artifacts = run.search.artifacts
+            if run.interrupted:
+                interrupted = True
+                break
+    paths = write_report(studies, outdir, spec=spec, device=device, title=f"pipesplit sweep: {spec.name}",
+                         artifacts=artifacts)
     for p in paths:
         print(f"wrote {p}")
     return 130 if interrupted else 0
 
 
-def rows_for(stages: int, run: Any) -> list[Any]:
-    """The confirmation round of one stage count as report rows."""
+def rows_for(stages: int, study: Any) -> list[Any]:
+    """A stage count's confirmation round (kept in its study) as report rows, plus reference policies
+    whose trial failed."""
+    import optuna
+
     from pipeline.timeline import Timeline
     from search.report import PolicyRow, stage_ranges
 
-    conf = run.confirmation or {}
-    segments = [seg.fqn for seg in run.search.profile.segments]
+    conf = study.user_attrs.get("confirmation") or {}
+    segments = list(study.user_attrs.get("segments") or [])
     out = []
     for r in conf.get("plans", []):
-        res = run.search.confirmed.get(r["trial"])
-        compute: tuple[float, ...] = ()
+        detail = r.get("detail") or {}
+        compute = tuple(detail.get("stage_compute_s") or ())
         send: tuple[float, ...] = ()
-        serial = float("nan")
-        if res is not None:
-            compute = tuple(res.stage_compute_s)
-            tl = Timeline.from_result(res)
-            send = tuple(tl.totals(k)["send"] + tl.totals(k)["send_wait"] for k in range(tl.stages))
-            serial = statistics.median(res.serial_s) if res.serial_s else float("nan")
-        pts = [p for p in r["split_points"]]
+        if detail.get("timeline"):
+            tl = Timeline.from_dict(detail["timeline"])
+            send = tuple(tl.totals(k)["send"] for k in range(tl.stages))
+        pts = list(r["split_points"])
         out.append(PolicyRow(stages=stages, source=str(r["source"]), trial=int(r["trial"]),
                              best=r["trial"] == conf.get("best_trial"), split_points=tuple(pts),
                              stage_ranges=tuple(stage_ranges(pts, segments)), chunks=int(r["chunks"]),
                              predicted=r.get("predicted_speedup"), measured=float(r["median"]),
                              spread=(float(r["spread"][0]), float(r["spread"][1])), compute_s=compute,
-                             send_s=send, serial_s=serial))
-    import optuna
-
+                             send_s=send, serial_s=float(detail.get("serial_s", float("nan")))))
     confirmed = {r["trial"] for r in conf.get("plans", [])}
-    for t in run.study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.FAIL,)):
+    for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.FAIL,)):
         src = str(t.user_attrs.get("source", "tpe"))
-        if src == "tpe" or not t.user_attrs.get("measured") or t.number in confirmed:
+        if src == "tpe" or not t.user_attrs.get("fail_reason") or t.number in confirmed:
             continue
         pts = list(t.user_attrs.get("split_points") or [])
         out.append(PolicyRow(stages=stages, source=src, trial=t.number, best=False, split_points=tuple(pts),
                              stage_ranges=tuple(stage_ranges(pts, segments)), chunks=int(t.user_attrs["chunks"]),
                              predicted=t.user_attrs.get("predicted_speedup"), measured=float("nan"),
-                             spread=(float("nan"), float("nan")), failed=str(t.user_attrs.get("fail_reason", "?"))))
+                             spread=(float("nan"), float("nan")), failed=str(t.user_attrs["fail_reason"])))
     return out
 
 
-def write_report(runs: dict[int, Any], outdir: Path, *, spec: Any, device: str, title: str) -> list[Path]:
-    """report.md, sweep.json and the PNGs, from the finished stage counts; plots uploaded as artifacts."""
+def _timeline_of(study: Any, trial: int | None) -> tuple[Any, Any] | None:
+    """(Timeline, detail) of a plan's confirmation run, from the study."""
+    from pipeline.timeline import Timeline
+
+    conf = study.user_attrs.get("confirmation") or {}
+    row = next((r for r in conf.get("plans", []) if r["trial"] == trial), None)
+    detail = (row or {}).get("detail") or {}
+    if not detail.get("timeline"):
+        return None
+    return Timeline.from_dict(detail["timeline"]), detail
+
+
+def write_report(studies: dict[int, Any], outdir: Path, *, spec: Any, device: str, title: str,
+                 artifacts: Any = None) -> list[Path]:
+    """report.md, sweep.json and the PNGs from each stage count's study (its confirmation round), so a
+    report can be rebuilt at any time (``--report-only``); the plots go to the artifact store too."""
     import optuna
 
     from pipeline.export import write_json
@@ -143,26 +179,26 @@ def write_report(runs: dict[int, Any], outdir: Path, *, spec: Any, device: str, 
     from search.report import markdown
 
     outdir.mkdir(parents=True, exist_ok=True)
-    rows = [row for s, run in runs.items() for row in rows_for(s, run)]
+    rows = [row for s, study in studies.items() for row in rows_for(s, study)]
     points = []
-    for s, run in runs.items():
-        for t in run.study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)):
+    for s, study in studies.items():
+        for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)):
             if t.user_attrs.get("measured") and t.user_attrs.get("predicted_speedup") is not None:
                 points.append((s, float(t.user_attrs["predicted_speedup"]), float(t.value)))
     made: dict[str, str] = {}
     timelines: dict[str, Timeline] = {}
-    for s, run in runs.items():
-        conf = run.confirmation or {}
+    for s, study in studies.items():
+        conf = study.user_attrs.get("confirmation") or {}
         pippy = next((r["trial"] for r in conf.get("plans", []) if "pippy-equal-size" in str(r["source"])), None)
         for role, number in (("best", conf.get("best_trial")), ("pippy", pippy)):
-            res = run.search.confirmed.get(number) if number is not None else None
-            if res is None:
+            found = _timeline_of(study, number)
+            if found is None:
                 continue
-            tl = Timeline.from_result(res)
+            tl, detail = found
             label = "best" if role == "best" else "PiPPy equal-size"
             key = f"timeline_{role}_s{s}"
-            plan = SplitPlan.from_dict(res.plan)
-            render(tl, outdir / f"{key}.png", title=f"{label}: {plan.describe()} - {res.speedup:.2f}x")
+            plan = SplitPlan.from_dict(detail["plan"])
+            render(tl, outdir / f"{key}.png", title=f"{label}: {plan.describe()} - {detail['speedup']:.2f}x")
             made[key] = f"{key}.png"
             timelines[f"{s} stages, {label}"] = tl
     if rows:
@@ -174,10 +210,10 @@ def write_report(runs: dict[int, Any], outdir: Path, *, spec: Any, device: str, 
     if timelines:
         plots.compute_comm(timelines, outdir / "compute_comm.png")
         made["compute_comm"] = "compute_comm.png"
-    threads = sorted({r.search.threads for r in runs.values()})
+    threads = sorted({(st.user_attrs.get("config") or {}).get("threads_per_stage") for st in studies.values()} - {None})
     meta = {"model": spec.name, "batch_size": spec.batch_size, "device": device,
             "threads": f"{'/'.join(map(str, threads))} thread(s) per stage",
-            "date": time.strftime("%Y-%m-%d %H:%M"), "studies": {s: r.study.study_name for s, r in runs.items()}}
+            "date": time.strftime("%Y-%m-%d %H:%M"), "studies": {s: st.study_name for s, st in studies.items()}}
     text = markdown(title, rows, plots=made, meta=meta)
     report = outdir / "report.md"
     tmp = report.with_suffix(".md.tmp")
@@ -185,16 +221,14 @@ def write_report(runs: dict[int, Any], outdir: Path, *, spec: Any, device: str, 
     tmp.replace(report)
     write_json(outdir / "sweep.json", {"meta": meta, "rows": [r.to_dict() for r in rows],
                                        "predicted_vs_measured": points})
-    for run in runs.values():
-        store = run.search.artifacts
-        if store is None:
-            continue
+    if artifacts is not None:
         from optuna.artifacts import upload_artifact
 
-        for key in ("speedup_vs_stages", "predicted_vs_measured", "compute_comm"):
-            if key in made:
-                upload_artifact(artifact_store=store, file_path=str(outdir / made[key]), study_or_trial=run.study,
-                                mimetype="image/png")
+        for study in studies.values():
+            for key in ("speedup_vs_stages", "predicted_vs_measured", "compute_comm"):
+                if key in made:
+                    upload_artifact(artifact_store=artifacts, file_path=str(outdir / made[key]),
+                                    study_or_trial=study, mimetype="image/png")
     return [report, outdir / "sweep.json", *[outdir / v for v in made.values()]]
 
 

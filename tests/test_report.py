@@ -55,5 +55,8 @@ def test_table_lists_every_row_best_first_and_markdown_links_plots():
                   meta={"model": "m", "batch_size": 8, "device": "cpu", "threads": "1"})
     assert "## 2 stages (ideal 2x)" in md and "![speedup_vs_stages](s.png)" in md and "(tb.png)" in md
     assert "Best 1.70x vs PiPPy's equal-size 1.50x: 1.13x better" in md
+    assert "Their spreads overlap" in md  # both span 1.4-1.6
+    solo = markdown("t", [row(source="pippy-equal-size", best=True)], plots={}, meta={})
+    assert "The best plan is PiPPy's equal-size split: 1.50x, 75% of the ideal." in solo
     assert PolicyRow.from_dict(rows[0].to_dict()) == rows[0]
     assert rows[2].policies == ["costmodel-optimum", "time-balanced"]

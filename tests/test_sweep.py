@@ -89,9 +89,22 @@ def test_dashboard_serves_uploaded_artifacts(swept):
         server.wait(timeout=10)
 
 
+def test_report_only_rebuilds_the_report_from_the_studies(swept):
+    report = swept / "sw" / "report.md"
+    before = report.read_text()
+    (swept / "sw" / "compute_comm.png").unlink()
+    argv = [*TINY_VIT_ARGS, "--stages", "2", "3", "--storage", f"sqlite:///{swept}/optuna.db",
+            "--results-dir", str(swept), "--name", "sw", "--report-only"]
+    assert main(argv) == 0
+    strip = lambda t: re.sub(r"measured \d{4}-\d\d-\d\d \d\d:\d\d", "", t)  # noqa: E731
+    assert strip(report.read_text()) == strip(before)
+    assert (swept / "sw" / "compute_comm.png").exists()
+
+
 @pytest.mark.parametrize("extra, message", [
     (["--stages", "2", "1"], "--stages 1: every stage count must be at least 2"),
     (["--stages", "2", "40"], "--stages 40 is too many"),
+    (["--stages", "2", "--report-only"], "--report-only: "),
 ])
 def test_bad_stage_counts_fail_before_anything_runs(capsys, tmp_path, extra, message):
     assert main([*TINY_VIT_ARGS, *extra, "--storage", f"sqlite:///{tmp_path}/o.db", "--results-dir", str(tmp_path)]) == 2
