@@ -109,7 +109,11 @@ class Search:
         from optuna.storages._heartbeat import is_heartbeat_enabled
 
         if is_heartbeat_enabled(self.study._storage):
-            fail_stale_trials(self.study)
+            import warnings
+
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)  # stable since 2.9 in practice
+                fail_stale_trials(self.study)
         host = socket.gethostname()
         out = []
         for t in self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
