@@ -27,6 +27,9 @@ examples:
   python -m pipeline.run --split results/<study>/best_split.json --repeats 5 --out rerun.json
   # where the time goes: a Gantt chart of the stages and torch.profiler traces per rank
   python -m pipeline.run --stages 2 --policy equal-size --chunks 8 --timeline t.png --profile results/traces
+  # the stages on two nodes: run this on each (torchrun's ranks become the stage workers)
+  torchrun --nnodes 2 --nproc-per-node 1 --rdzv-backend c10d --rdzv-endpoint HOST:29500 \\
+      -m pipeline.run --split-points blocks.6 --chunks 16
 """
 
 

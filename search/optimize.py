@@ -26,6 +26,12 @@ examples:
   python -m search.optimize --stages 2 --storage results/study.log   # a journal file instead of SQLite
   # resume: run the same command again; --trials is the study's total of measured trials
   python -m search.optimize --stages 2 --profile            # + torch.profiler traces of the best plan
+  # several workers on one study (run the same command on each; --trials is the study's total)
+  python -m search.optimize --stages 2 --storage results/study.log            # one host: a journal file
+  python -m search.optimize --stages 2 --storage postgresql://user@db/pipesplit  # many hosts
+  # stage workers from torchrun, one per node (the same command on every node)
+  torchrun --nnodes 2 --nproc-per-node 1 --rdzv-backend c10d --rdzv-endpoint HOST:29500 \\
+      -m search.optimize --stages 2 --storage postgresql://user@db/pipesplit
   optuna-dashboard sqlite:///results/optuna.db --artifact-dir results/artifacts   # the study in a browser
 """
 

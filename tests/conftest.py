@@ -2,7 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
 
 import pytest
 
@@ -25,3 +32,32 @@ def pool2():
 
     with StagePool(2, threads_per_stage=1, quiet=True) as pool:
         yield pool
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def dashboard(storage: str, *extra: str):
+    """A real optuna-dashboard on 127.0.0.1; yields its base URL once /api/studies answers."""
+    port = free_port()
+    exe = str(Path(sys.executable).parent / "optuna-dashboard")
+    server = subprocess.Popen([exe, storage, *extra, "--host", "127.0.0.1", "--port", str(port)],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        for _ in range(100):
+            try:
+                urllib.request.urlopen(f"{base}/api/studies", timeout=2)
+                break
+            except OSError:
+                time.sleep(0.2)
+        else:
+            pytest.fail("optuna-dashboard did not answer")
+        yield base
+    finally:
+        server.terminate()
+        server.wait(timeout=10)

@@ -10,8 +10,7 @@ import pytest
 
 from pipeline.errors import PipesplitError
 from pipeline.launch import RankPool, follower_exit, torchrun_env
-from tests.conftest import TINY_VIT_ARGS
-from tests.test_optimize import _free_port
+from tests.conftest import TINY_VIT_ARGS, free_port
 
 TORCHRUN_ENV = {"TORCHELASTIC_RUN_ID": "t", "RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0",
                 "LOCAL_WORLD_SIZE": "1"}
@@ -34,7 +33,7 @@ def test_torchrun_placement_and_a_stage_count_that_does_not_match(monkeypatch):
 
 def agents(argv, tmp_path, timeout=600):
     """Two torchrun agents, as two nodes would start them, meeting at one c10d rendezvous endpoint."""
-    port = _free_port()
+    port = free_port()
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1",
            "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "pipesplit-test",
            "--max-restarts", "0", *argv]

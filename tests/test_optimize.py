@@ -1,16 +1,14 @@
 """search.optimize end to end on a tiny model: real trials, real SQLite, resume, re-run, dashboard."""
 
 import json
-import socket
 import subprocess
 import sys
-import time
 import urllib.request
 
 import pytest
 
 from search.optimize import main
-from tests.conftest import TINY_VIT_ARGS
+from tests.conftest import TINY_VIT_ARGS, dashboard
 
 pytestmark = [pytest.mark.slow, pytest.mark.multiprocess]
 
@@ -70,37 +68,15 @@ def test_resume_adds_trials_to_the_same_study(searched):
     assert len(optuna.get_all_study_summaries(f"sqlite:///{searched}/optuna.db")) == 1
 
 
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_dashboard_lists_the_study_and_its_trials(searched):
-    port = _free_port()
-    exe = __import__("shutil").which("optuna-dashboard") or str(
-        __import__("pathlib").Path(sys.executable).parent / "optuna-dashboard")
-    server = subprocess.Popen([exe, f"sqlite:///{searched}/optuna.db", "--host", "127.0.0.1", "--port", str(port)],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        base = f"http://127.0.0.1:{port}"
-        for _ in range(100):
-            try:
-                studies = json.load(urllib.request.urlopen(f"{base}/api/studies", timeout=2))
-                break
-            except OSError:
-                time.sleep(0.2)
-        else:
-            pytest.fail("optuna-dashboard did not answer")
+    with dashboard(f"sqlite:///{searched}/optuna.db") as base:
+        studies = json.load(urllib.request.urlopen(f"{base}/api/studies", timeout=10))
         study = next(s for s in studies["study_summaries"] if s["study_name"] == STUDY)
         detail = json.load(urllib.request.urlopen(f"{base}/api/studies/{study['study_id']}", timeout=10))
         trials = detail["trials"]
         assert len(trials) >= 5
         keys = {a["key"] for t in trials for a in t["user_attrs"]}
         assert {"source", "split_points", "chunks", "measured"} <= keys
-    finally:
-        server.terminate()
-        server.wait(timeout=10)
 
 
 @pytest.mark.parametrize("extra, message", [

@@ -8,13 +8,11 @@ import socket
 import subprocess
 import sys
 import tempfile
-import time
 
 import optuna
 import pytest
 
-from tests.conftest import TINY_VIT_ARGS
-from tests.test_optimize import _free_port
+from tests.conftest import TINY_VIT_ARGS, free_port
 
 pytestmark = [pytest.mark.slow, pytest.mark.multiprocess]
 
@@ -81,7 +79,7 @@ def postgres():
     base = tempfile.mkdtemp(prefix="pipesplit-pg-")
     if root:
         shutil.chown(base, "postgres")
-    data, port = f"{base}/data", _free_port()
+    data, port = f"{base}/data", free_port()
     subprocess.run([*as_pg, f"{bindir}/initdb", "-D", data, "-U", "pipesplit", "--auth=trust"], check=True,
                    capture_output=True, timeout=120)
     subprocess.run([*as_pg, f"{bindir}/pg_ctl", "-D", data, "-l", f"{base}/log", "-w", "-o",
