@@ -107,27 +107,35 @@ def export(study: optuna.Study, search: Any, outdir: Path, *, confirmation: dict
     return paths
 
 
-def export_timelines(study: optuna.Study, search: Any, outdir: Path, confirmation: dict[str, Any] | None,
+def timeline_runs(confirmation: dict[str, Any] | None) -> list[tuple[str, int, Any, dict[str, Any]]]:
+    """(role, trial, Timeline, detail) of the confirmed best plan and PiPPy's equal-size plan, from the
+    confirmation round as kept in the study (``search.sweep`` reads the same)."""
+    from pipeline.timeline import Timeline
+
+    plans = (confirmation or {}).get("plans", [])
+    pippy = next((r["trial"] for r in plans if "pippy-equal-size" in str(r["source"])), None)
+    out = []
+    for role, number in (("best", (confirmation or {}).get("best_trial")), ("pippy", pippy)):
+        row = next((r for r in plans if r["trial"] == number), None)
+        detail = (row or {}).get("detail") or {}
+        if number is not None and detail.get("timeline"):
+            out.append((role, number, Timeline.from_dict(detail["timeline"]), detail))
+    return out
+
+
+def export_timelines(study: optuna.Study, outdir: Path, confirmation: dict[str, Any] | None,
                      artifacts: Any = None) -> list[Path]:
     """Measured Gantt charts of the confirmed best plan and of PiPPy's equal-size plan (PNG + spans JSON),
     uploaded to the study as artifacts when a store is given."""
-    from pipeline.timeline import Timeline, render
+    from pipeline.timeline import render
 
-    if not confirmation:
-        return []
-    best_no = confirmation.get("best_trial")
-    pippy_no = next((r["trial"] for r in confirmation["plans"] if "pippy-equal-size" in str(r["source"])), None)
     paths: list[Path] = []
     spans: dict[str, Any] = {}
-    for role, number in (("best", best_no), ("pippy", pippy_no)):
-        res = search.confirmed.get(number) if number is not None else None
-        if res is None:
-            continue
-        tl = Timeline.from_result(res)
-        plan = SplitPlan.from_dict(res.plan)
+    for role, number, tl, detail in timeline_runs(confirmation):
+        plan = SplitPlan.from_dict(detail["plan"])
         label = "best plan" if role == "best" else "PiPPy equal-size"
         path = render(tl, outdir / f"timeline_{role}.png",
-                      title=f"{label} (trial {number}): {plan.describe()} - {res.speedup:.2f}x")
+                      title=f"{label} (trial {number}): {plan.describe()} - {detail['speedup']:.2f}x")
         spans[role] = {"trial": number, **tl.to_dict()}
         paths.append(path)
         if artifacts is not None:

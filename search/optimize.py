@@ -231,7 +231,7 @@ def run_study(args: argparse.Namespace, stages: int, *, references: bool = False
 
     paths = export(study, search, outdir, confirmation=confirmation, out=getattr(args, "out", None),
                    storage_url=args.storage)
-    paths += export_timelines(study, search, outdir, confirmation, artifacts)
+    paths += export_timelines(study, outdir, confirmation, artifacts)
     return StudyRun(study=study, search=search, confirmation=confirmation, outdir=outdir, paths=paths + extra,
                     interrupted=interrupted, storage_url=args.storage)
 

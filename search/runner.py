@@ -72,8 +72,6 @@ class Search:
     results: dict[int, TrialResult] = field(default_factory=dict)
     budget: int | None = None
     """The study's total of measured trials, shared by every worker on it (set by ``optimize``)."""
-    confirmed: dict[int, TrialResult] = field(default_factory=dict)
-    """Per trial number, the last confirmation-round result (its timeline and per-stage breakdown)."""
 
     # ---- plans -------------------------------------------------------------------------------
     def plan(self, points: tuple[SplitPoint, ...], chunks: int) -> SplitPlan:
@@ -340,7 +338,6 @@ class Search:
             if res.ok:
                 speedups[t.number].extend(res.speedups)
                 last[t.number] = res
-                self.confirmed[t.number] = res
         table = []
         for t in chosen:
             s = speedups[t.number]

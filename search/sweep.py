@@ -154,18 +154,6 @@ def rows_for(stages: int, study: Any) -> list[Any]:
     return out
 
 
-def _timeline_of(study: Any, trial: int | None) -> tuple[Any, Any] | None:
-    """(Timeline, detail) of a plan's confirmation run, from the study."""
-    from pipeline.timeline import Timeline
-
-    conf = study.user_attrs.get("confirmation") or {}
-    row = next((r for r in conf.get("plans", []) if r["trial"] == trial), None)
-    detail = (row or {}).get("detail") or {}
-    if not detail.get("timeline"):
-        return None
-    return Timeline.from_dict(detail["timeline"]), detail
-
-
 def write_report(studies: dict[int, Any], outdir: Path, *, spec: Any, device: str, title: str,
                  artifacts: Any = None) -> list[Path]:
     """report.md, sweep.json and the PNGs from each stage count's study (its confirmation round), so a
@@ -176,6 +164,7 @@ def write_report(studies: dict[int, Any], outdir: Path, *, spec: Any, device: st
     from pipeline.plan import SplitPlan
     from pipeline.timeline import Timeline, render
     from search import plots
+    from search.export import timeline_runs
     from search.report import markdown
 
     outdir.mkdir(parents=True, exist_ok=True)
@@ -188,13 +177,7 @@ def write_report(studies: dict[int, Any], outdir: Path, *, spec: Any, device: st
     made: dict[str, str] = {}
     timelines: dict[str, Timeline] = {}
     for s, study in studies.items():
-        conf = study.user_attrs.get("confirmation") or {}
-        pippy = next((r["trial"] for r in conf.get("plans", []) if "pippy-equal-size" in str(r["source"])), None)
-        for role, number in (("best", conf.get("best_trial")), ("pippy", pippy)):
-            found = _timeline_of(study, number)
-            if found is None:
-                continue
-            tl, detail = found
+        for role, _, tl, detail in timeline_runs(study.user_attrs.get("confirmation")):
             label = "best" if role == "best" else "PiPPy equal-size"
             key = f"timeline_{role}_s{s}"
             plan = SplitPlan.from_dict(detail["plan"])
