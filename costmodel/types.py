@@ -5,7 +5,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-PROFILE_VERSION = 1
+PROFILE_VERSION = 2
+"""2: small microbatch sizes timed over a whole batch of samples (older profiles are measured again)."""
 
 
 @dataclass(frozen=True, kw_only=True)

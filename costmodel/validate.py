@@ -1,15 +1,19 @@
 """``python -m costmodel.validate``: does the cost model rank and time real pipelines right?
 
-Runs a grid of real trials on one stage-worker pool (cuts x chunk counts), predicts each with the
-simulator from the model's profile, and prints predicted vs measured pipeline seconds per plan, the
-mean absolute percentage error and Kendall's tau between the two orderings.
+Runs a grid of real trials on one stage-worker pool (cuts x chunk counts, in interleaved rounds),
+predicts each with the simulator from the model's profile, and prints predicted vs measured pipeline
+seconds per plan, the mean absolute percentage error and Kendall's tau between the two orderings, and
+how well the measurement ranks the plans against itself (one repeat against another): the noise ceiling
+that no prediction can beat.
 """
 
 from __future__ import annotations
 
 import argparse
+import statistics
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 from costmodel.simulate import simulate
 from costmodel.stats import kendall_tau, mape
@@ -25,6 +29,35 @@ def _grid_cuts(n_segments: int, stages: int, count: int) -> list[list[int]]:
         return every
     step = len(every) / count
     return [every[int(i * step)] for i in range(count)]
+
+
+def noise_ceiling(predicted: Sequence[float], repeats: Sequence[Sequence[float]]) -> tuple[float, float] | None:
+    """(tau of repeat i's ordering against repeat j's, tau of the prediction against one repeat), each a mean.
+
+    How well the measurement agrees with itself bounds how well any prediction can agree with it: a tau
+    target above the first figure cannot be met by a better model, only by more repeats.
+    """
+    import itertools
+
+    r = min((len(x) for x in repeats), default=0)
+    if r < 2 or len(repeats) < 2:
+        return None
+    cols = [[x[i] for x in repeats] for i in range(r)]
+    self_tau = [kendall_tau(cols[i], cols[j]) for i, j in itertools.combinations(range(r), 2)]
+    pred_tau = [kendall_tau(predicted, c) for c in cols]
+    return sum(self_tau) / len(self_tau), sum(pred_tau) / len(pred_tau)
+
+
+def _parse_chunks(text: str, batch: int) -> list[int]:
+    """The chunk counts to try; each must divide the batch, as the pipeline splits it evenly."""
+    try:
+        chunks = [int(c) for c in text.split(",")]
+    except ValueError:
+        raise PipesplitError(f"--chunks {text!r} is not a comma-separated list of integers: e.g. --chunks 1,4,8")
+    bad = [m for m in chunks if m < 1 or batch % m]
+    if bad:
+        raise PipesplitError(f"--chunks {bad} do not divide the batch size {batch}: use divisors of {batch}")
+    return chunks
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -45,28 +78,58 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--threads-per-stage", type=int, default=1)
     p.add_argument("--backend", default="torch", choices=("torch", "pippy"))
     p.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
-    p.add_argument("--repeats", type=int, default=3, help="timed pipeline repeats per plan (default 3)")
+    p.add_argument("--repeats", type=int, default=2, help="timed pipeline repeats per plan in each round (default 2)")
+    p.add_argument("--rounds", type=int, default=2,
+                   help="rounds over the whole grid, interleaving the plans (default 2); each plan's figure is the "
+                   "median of rounds x repeats")
+    p.add_argument("--reprofile", action="store_true", help="profile again even if a cached profile exists")
+    p.add_argument("--cache-dir", default=None, help="profile cache folder (default results/profiles)")
+    p.add_argument("--out", default=None, help="also write every plan's predicted and measured numbers as JSON here")
     args = p.parse_args(argv)
     try:
         spec = spec_from_args(args)
-        chunks = [int(c) for c in args.chunks.split(",")]
+        chunks = _parse_chunks(args.chunks, spec.batch_size)
+        if args.repeats < 1 or args.rounds < 1:
+            raise PipesplitError(f"--repeats {args.repeats} and --rounds {args.rounds} must be at least 1")
+        root = {"root": Path(args.cache_dir)} if args.cache_dir else {}
         prof, _ = load_or_profile(spec, device=args.device, threads=args.threads_per_stage,
-                                  granularity=args.granularity, concurrency=args.stages)
-        grid = [(cuts, m) for cuts in _grid_cuts(len(prof.segments), args.stages, args.cuts) for m in chunks
-                if spec.batch_size % m == 0]
+                                  granularity=args.granularity, concurrency=args.stages, reprofile=args.reprofile,
+                                  **root)
+        grid = [(cuts, m) for cuts in _grid_cuts(len(prof.segments), args.stages, args.cuts) for m in chunks]
+        plans = [SplitPlan(model=spec, split_points=tuple(SplitPoint(prof.segments[c].fqn) for c in cuts), chunks=m,
+                           backend=args.backend, device=args.device, threads_per_stage=args.threads_per_stage)
+                 for cuts, m in grid]
+        measured: list[list[float]] = [[] for _ in grid]
+        compute: list[list[list[float]]] = [[] for _ in grid]
+        events: list[list[object]] = [[] for _ in grid]
+        failed: set[int] = set()
+        # rounds interleave the plans, so a machine that drifts over the minutes a grid takes slows all alike
+        with StagePool(args.stages, device=args.device, threads_per_stage=args.threads_per_stage) as pool, \
+                tqdm(total=len(grid) * args.rounds, desc="real trials", unit="trial") as bar:
+            for _ in range(args.rounds):
+                for i, plan in enumerate(plans):
+                    bar.update()
+                    if i in failed:
+                        continue
+                    # warmup=0: the output check runs the fresh pipeline once first, which warms it up
+                    res = pool.run(plan, repeats=args.repeats, warmup=0, serial=False, serial_all=False)
+                    if not res.ok:
+                        print(f"failed: {plan.describe()}: {res.reason}", file=sys.stderr)
+                        failed.add(i)
+                        continue
+                    measured[i].extend(res.pipeline_s)
+                    compute[i].append(list(res.stage_compute_s))
+                    events[i] = [list(map(list, r)) for r in res.events]
         rows = []
-        with StagePool(args.stages, device=args.device, threads_per_stage=args.threads_per_stage) as pool:
-            for cuts, m in tqdm(grid, desc="real trials", unit="plan"):
-                plan = SplitPlan(model=spec, split_points=tuple(SplitPoint(
-                    prof.segments[c].fqn) for c in cuts), chunks=m, backend=args.backend, device=args.device,
-                    threads_per_stage=args.threads_per_stage)
-                pred = simulate(prof, cuts, m)
-                res = pool.run(plan, repeats=args.repeats, warmup=1, serial=False, serial_all=False)
-                if not res.ok:
-                    print(f"failed: {plan.describe()}: {res.reason}", file=sys.stderr)
-                    continue
-                meas = sorted(res.pipeline_s)[len(res.pipeline_s) // 2]
-                rows.append((plan, pred, meas, min(res.pipeline_s), max(res.pipeline_s)))
+        records: list[dict[str, object]] = []
+        for i, ((cuts, m), plan) in enumerate(zip(grid, plans)):
+            if i in failed:
+                continue
+            pred = simulate(prof, cuts, m)
+            meas = statistics.median(measured[i])
+            rows.append((plan, pred, meas, min(measured[i]), max(measured[i])))
+            records.append({"cuts": cuts, "chunks": m, "predicted": pred.to_dict(), "pipeline_s": measured[i],
+                            "stage_compute_s": compute[i], "events": events[i]})
     except (PipesplitError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -78,6 +141,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     if len(rows) >= 2:
         pr, me = [r[1].makespan_s for r in rows], [r[2] for r in rows]
         print(f"MAPE {mape(pr, me):.1f}%  Kendall tau {kendall_tau(pr, me):.3f}  over {len(rows)} plans")
+        noise = noise_ceiling(pr, [r["pipeline_s"] for r in records])
+        if noise is not None:
+            print(f"noise: one repeat against another ranks the plans with tau {noise[0]:.3f} (mean over pairs of "
+                  f"repeats); the prediction against one repeat, {noise[1]:.3f}")
+    if args.out:
+        from pipeline.export import write_json
+
+        write_json(args.out, {"profile_key": prof.key, "plans": records})
+        print(f"wrote {args.out}")
     return 0
 
 

@@ -1,0 +1,48 @@
+"""costmodel.validate on a tiny ViT: a real grid of 2-stage trials against the simulator's predictions."""
+
+import json
+
+import pytest
+
+from costmodel.validate import _grid_cuts, main
+from tests.conftest import TINY_VIT_ARGS
+
+pytestmark = [pytest.mark.slow, pytest.mark.multiprocess]
+
+
+def test_grid_cuts_spread_over_the_model():
+    assert _grid_cuts(7, 2, 3) == [[1], [3], [5]]
+    assert _grid_cuts(4, 2, 10) == [[1], [2], [3]]
+    assert all(len(c) == 2 and c[0] < c[1] for c in _grid_cuts(8, 3, 4))
+
+
+def test_real_grid_prints_table_and_writes_json(tmp_path, capsys):
+    out = tmp_path / "v.json"
+    code = main([*TINY_VIT_ARGS, "--stages", "2", "--chunks", "1,4", "--cuts", "2", "--repeats", "1", "--rounds", "2",
+                 "--cache-dir", str(tmp_path / "profiles"), "--out", str(out)])
+    assert code == 0
+    text = capsys.readouterr().out
+    assert "MAPE" in text and "Kendall tau" in text and "over 4 plans" in text and "noise: one repeat" in text
+    plans = json.loads(out.read_text())["plans"]
+    assert len(plans) == 4 and {p["chunks"] for p in plans} == {1, 4}
+    for p in plans:
+        assert p["predicted"]["makespan_s"] > 0 and len(p["pipeline_s"]) == 2  # one per round
+        assert len(p["stage_compute_s"]) == 2 and all(len(r) == 2 for r in p["stage_compute_s"])
+        assert len(p["events"]) == 2 and len(p["events"][0]) == p["chunks"]  # one compute span per microbatch
+
+
+def test_bad_chunks_is_one_line(tmp_path, capsys):
+    assert main([*TINY_VIT_ARGS, "--chunks", "3", "--cache-dir", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error:") and err.count("\n") == 1
+
+
+def test_noise_ceiling_compares_repeats_with_each_other_and_with_the_prediction():
+    from costmodel.validate import noise_ceiling
+
+    exact = [[1.0, 1.0], [2.0, 2.0], [3.0, 3.0]]
+    assert noise_ceiling([1, 2, 3], exact) == (1.0, 1.0)
+    swapped = [[1.0, 2.0], [2.0, 1.0], [3.0, 3.0]]  # repeats disagree on the first two plans
+    self_tau, pred_tau = noise_ceiling([1, 2, 3], swapped)
+    assert self_tau < 1.0 and pred_tau < 1.0
+    assert noise_ceiling([1, 2], [[1.0], [2.0]]) is None
