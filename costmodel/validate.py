@@ -2,9 +2,9 @@
 
 Runs a grid of real trials on one stage-worker pool (cuts x chunk counts, in interleaved rounds),
 predicts each with the simulator from the model's profile, and prints predicted vs measured pipeline
-seconds per plan, the mean absolute percentage error and Kendall's tau between the two orderings, and
-how well the measurement ranks the plans against itself (one repeat against another): the noise ceiling
-that no prediction can beat.
+seconds and speedup per plan (the serial model is timed beside every repeat, as in a search), the mean
+absolute percentage error and Kendall's tau between the two orderings, and how well the measurement
+ranks the plans against itself (one repeat against another): the noise ceiling no prediction can beat.
 """
 
 from __future__ import annotations
@@ -100,6 +100,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                            backend=args.backend, device=args.device, threads_per_stage=args.threads_per_stage)
                  for cuts, m in grid]
         measured: list[list[float]] = [[] for _ in grid]
+        serial: list[list[float]] = [[] for _ in grid]
         compute: list[list[list[float]]] = [[] for _ in grid]
         events: list[list[object]] = [[] for _ in grid]
         failed: set[int] = set()
@@ -112,12 +113,15 @@ def main(argv: Sequence[str] | None = None) -> int:
                     if i in failed:
                         continue
                     # warmup=0: the output check runs the fresh pipeline once first, which warms it up
-                    res = pool.run(plan, repeats=args.repeats, warmup=0, serial=False, serial_all=False)
+                    # the serial model is timed beside each repeat, as in a search: its speedup cancels the
+                    # machine's drift between the profile and the trial
+                    res = pool.run(plan, repeats=args.repeats, warmup=0, serial=True, serial_all=False)
                     if not res.ok:
                         print(f"failed: {plan.describe()}: {res.reason}", file=sys.stderr)
                         failed.add(i)
                         continue
                     measured[i].extend(res.pipeline_s)
+                    serial[i].extend(res.serial_s)
                     compute[i].append(list(res.stage_compute_s))
                     events[i] = [list(map(list, r)) for r in res.events]
         rows = []
@@ -127,24 +131,31 @@ def main(argv: Sequence[str] | None = None) -> int:
                 continue
             pred = simulate(prof, cuts, m)
             meas = statistics.median(measured[i])
-            rows.append((plan, pred, meas, min(measured[i]), max(measured[i])))
+            speedups = [a / b for a, b in zip(serial[i], measured[i])]
+            rows.append((plan, pred, meas, min(measured[i]), max(measured[i]), statistics.median(speedups)))
             records.append({"cuts": cuts, "chunks": m, "predicted": pred.to_dict(), "pipeline_s": measured[i],
+                            "serial_s": serial[i], "speedups": speedups,
                             "stage_compute_s": compute[i], "events": events[i]})
     except (PipesplitError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    print(f"{'cut(s)':<24} {'chunks':>6} {'predicted_s':>11} {'measured_s':>10} {'spread_s':>13} {'error':>7}")
-    for plan, pred, meas, lo, hi in rows:
+    print(f"{'cut(s)':<24} {'chunks':>6} {'predicted_s':>11} {'measured_s':>10} {'spread_s':>13} {'error':>7} "
+          f"{'pred_speedup':>12} {'speedup':>7} {'error':>7}")
+    for plan, pred, meas, lo, hi, speedup in rows:
         cuts = ",".join(pt.fqn for pt in plan.split_points)
         print(f"{cuts:<24} {plan.chunks:6d} {pred.makespan_s:11.3f} {meas:10.3f} {lo:6.3f}-{hi:6.3f} "
-              f"{100 * (pred.makespan_s - meas) / meas:+6.1f}%")
+              f"{100 * (pred.makespan_s - meas) / meas:+6.1f}% {pred.speedup:12.2f} {speedup:7.2f} "
+              f"{100 * (pred.speedup - speedup) / speedup:+6.1f}%")
     if len(rows) >= 2:
-        pr, me = [r[1].makespan_s for r in rows], [r[2] for r in rows]
-        print(f"MAPE {mape(pr, me):.1f}%  Kendall tau {kendall_tau(pr, me):.3f}  over {len(rows)} plans")
-        noise = noise_ceiling(pr, [r["pipeline_s"] for r in records])
-        if noise is not None:
-            print(f"noise: one repeat against another ranks the plans with tau {noise[0]:.3f} (mean over pairs of "
-                  f"repeats); the prediction against one repeat, {noise[1]:.3f}")
+        for what, pr, me, reps in (
+            ("pipeline seconds", [r[1].makespan_s for r in rows], [r[2] for r in rows], "pipeline_s"),
+            ("speedup", [r[1].speedup for r in rows], [r[5] for r in rows], "speedups"),
+        ):
+            print(f"{what}: MAPE {mape(pr, me):.1f}%  Kendall tau {kendall_tau(pr, me):.3f}  over {len(rows)} plans")
+            noise = noise_ceiling(pr, [r[reps] for r in records])
+            if noise is not None:
+                print(f"  noise: one repeat against another ranks the plans with tau {noise[0]:.3f} (mean over "
+                      f"pairs of repeats); the prediction against one repeat, {noise[1]:.3f}")
     if args.out:
         from pipeline.export import write_json
 

@@ -22,11 +22,13 @@ def test_real_grid_prints_table_and_writes_json(tmp_path, capsys):
                  "--cache-dir", str(tmp_path / "profiles"), "--out", str(out)])
     assert code == 0
     text = capsys.readouterr().out
-    assert "MAPE" in text and "Kendall tau" in text and "over 4 plans" in text and "noise: one repeat" in text
+    assert "pipeline seconds: MAPE" in text and "speedup: MAPE" in text and "over 4 plans" in text
+    assert text.count("noise: one repeat") == 2
     plans = json.loads(out.read_text())["plans"]
     assert len(plans) == 4 and {p["chunks"] for p in plans} == {1, 4}
     for p in plans:
         assert p["predicted"]["makespan_s"] > 0 and len(p["pipeline_s"]) == 2  # one per round
+        assert len(p["serial_s"]) == 2 and all(x > 0 for x in p["speedups"])
         assert len(p["stage_compute_s"]) == 2 and all(len(r) == 2 for r in p["stage_compute_s"])
         assert len(p["events"]) == 2 and len(p["events"][0]) == p["chunks"]  # one compute span per microbatch
 
