@@ -5,8 +5,9 @@
 2. Optimizer: ``search.optimize`` in a fresh study (journal file in a temporary folder).
 3. Prints: the grid's best, the trials the optimizer needed to reach >= 97 % of it, and the optimizer's
    best over PiPPy's equal-size plan as measured by the optimizer's own confirmation round.
-4. Side by side: the grid's top 3, the optimizer's best and PiPPy's plan re-measured in interleaved
-   rounds, because the grid's best single trial is the luckiest of many noisy ones.
+4. Side by side: the grid's top 3, the optimizer's best and PiPPy's plan at its best chunk count in the
+   grid, re-measured in interleaved rounds, because the grid's best single trial is the luckiest of many
+   noisy ones.
 
     python benchmarks/search_efficiency.py                                  # DeiT-S, batch 32
     python benchmarks/search_efficiency.py --model resnet50 --image-size 160 --batch-size 8
@@ -91,6 +92,7 @@ def main(argv: list[str] | None = None) -> int:
     grid: dict[tuple[str, int], float] = {}
     serial: list[float] = []
     eq_cut = cands.units[equal_size_cuts([n for _, n in cands.units], 2)[0]][0]
+    eq: dict[tuple[str, int], float] = {}
     if not args.skip_grid:
         with StagePool(2, threads_per_stage=1) as pool:
             # PiPPy's equal-size cut (mid-block, so not a grid cut) is measured at every chunk count beside
@@ -155,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"PiPPy equal-size (confirmed in the same round): {pippy['split_points']} x {pippy['chunks']} = "
                   f"{pippy['median']:.2f}x -> best / equal-size = {best_row['median'] / pippy['median']:.2f}x")
         side = side_by_side(spec, sorted(grid, key=grid.get)[:3], (tuple(best_row["split_points"]), best_row["chunks"]),
-                            (eq_cut, pippy["chunks"] if pippy else chunks[0]), args.rounds) if grid else {}
+                            (eq_cut, min(eq, key=eq.get)[1] if eq else chunks[0]), args.rounds) if grid else {}
         print(json.dumps({"grid_best": grid_best if grid else None, "optimizer_best": best_row["median"],
                           "pippy": pippy["median"] if pippy else None, "side_by_side": side}))
     return 0

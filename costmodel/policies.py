@@ -84,3 +84,22 @@ def balanced_cuts(weights: Sequence[float], stages: int) -> list[int]:
         j = arg[k][j]
         cuts.append(j)
     return sorted(cuts)
+
+
+def nearest_boundaries(points: Sequence[float], boundaries: Sequence[float]) -> list[int]:
+    """For cuts at cumulative fractions ``points``, the nearest block boundaries (indices 1..n-1), increasing.
+
+    A mid-block cut (PiPPy's) cannot be predicted from per-block segments; the block cut nearest to it
+    in the same measure (its share of the parameters) stands in for it when a chunk count is chosen.
+    ``boundaries[k]`` is the fraction before block ``k``; a collision moves the later cut on, and a cut
+    leaves room for the ones after it.
+    """
+    n = len(boundaries)
+    if len(points) > n - 1:
+        raise ValueError(f"{len(points)} cuts do not fit between {n} blocks")
+    out: list[int] = []
+    for i, f in enumerate(points):
+        lo = out[-1] + 1 if out else 1
+        hi = n - (len(points) - i - 1)  # leave room for the cuts still to place
+        out.append(min(range(lo, hi), key=lambda j: (abs(boundaries[j] - f), j)))
+    return out

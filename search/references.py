@@ -5,7 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from costmodel.partition import ranked
-from costmodel.policies import balanced_cuts, equal_size_cuts, uniform_cuts
+from costmodel.policies import balanced_cuts, equal_size_cuts, nearest_boundaries, uniform_cuts
+from costmodel.simulate import simulate
 from costmodel.types import Profile
 from pipeline.candidates import Candidates
 from pipeline.plan import SplitPoint
@@ -21,25 +22,38 @@ class Seed:
     points: tuple[SplitPoint, ...] | None = None
 
 
+def _best_chunks(profile: Profile, cuts: list[int], chunks: list[int]) -> int:
+    """The chunk count the cost model predicts fastest for these cuts: a baseline gets tuned chunks too."""
+    return min((m for m in chunks if profile.batch_size % m == 0), key=lambda m: simulate(profile, cuts, m).makespan_s)
+
+
 def seeds(profile: Profile, cands: Candidates, stages: int, chunks: list[int]) -> list[Seed]:
     """PiPPy equal-size first (the lab's baseline), then the cost model's best two, then the policies.
 
-    Reference policies run at the chunk count that the cost model predicts best, so that a comparison
-    between them is a comparison of where they cut.
+    Every reference runs at the chunk count that the cost model predicts best for its own cuts, as the
+    lab tuned PiPPy's chunks by hand: a baseline at a chunk count that suits another split would flatter
+    the winner. PiPPy may cut mid-block; its chunk count is chosen for the block cuts nearest to its cuts
+    by parameter share.
     """
     best = ranked(profile, stages, chunks)
     m = best[0].chunks
     out: list[Seed] = []
+    n = len(profile.segments)
     try:
-        eq = equal_size_cuts([n for _, n in cands.units], stages)
-        out.append(Seed("pippy-equal-size", m, points=tuple(SplitPoint(cands.units[i][0]) for i in eq)))
+        sizes = [k for _, k in cands.units]
+        eq = equal_size_cuts(sizes, stages)
+        total = float(sum(sizes)) or 1.0
+        params = [s.param_bytes for s in profile.segments]
+        before = [sum(params[:k]) / (sum(params) or 1.0) for k in range(n)]
+        proxy = nearest_boundaries([sum(sizes[:i]) / total for i in eq], before)
+        out.append(Seed("pippy-equal-size", _best_chunks(profile, proxy, chunks),
+                        points=tuple(SplitPoint(cands.units[i][0]) for i in eq)))
     except ValueError:
         pass  # PiPPy's rule cannot make that many stages here; the summary says so
     out.append(Seed("costmodel-optimum", m, cuts=best[0].cuts))
     runner_up = next((p for p in best[1:]), None)
     if runner_up is not None:
         out.append(Seed("costmodel-next", runner_up.chunks, cuts=runner_up.cuts))
-    n = len(profile.segments)
     policies = {
         "uniform": uniform_cuts(n, stages),
         "params-balanced": balanced_cuts([s.param_bytes for s in profile.segments], stages),
@@ -47,7 +61,7 @@ def seeds(profile: Profile, cands: Candidates, stages: int, chunks: list[int]) -
         "flops-balanced": balanced_cuts([s.flops for s in profile.segments], stages),
     }
     for name, cuts in policies.items():
-        out.append(Seed(name, m, cuts=tuple(cuts)))
+        out.append(Seed(name, _best_chunks(profile, cuts, chunks), cuts=tuple(cuts)))
     merged: dict[tuple, Seed] = {}
     for s in out:
         key = (s.cuts, s.points, s.chunks)

@@ -5,7 +5,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from costmodel.policies import balanced_cuts, equal_size_cuts, uniform_cuts
+from costmodel.policies import balanced_cuts, equal_size_cuts, nearest_boundaries, uniform_cuts
 
 
 def test_uniform_spreads_the_remainder_first():
@@ -74,3 +74,14 @@ def test_equal_size_matches_real_pippy(tiny_spec, stages):
 
     pippy.Pipe.from_tracing(build_model(tiny_spec), 1, (example_input(tiny_spec),), split_policy=policy)
     assert ours == theirs
+
+
+def test_nearest_boundaries_maps_mid_block_cuts_to_block_cuts():
+    before = [0.0, 0.1, 0.4, 0.5, 0.9]  # share of the parameters before each of 5 blocks
+    assert nearest_boundaries([0.45], before) == [2]  # ties go to the earlier block
+    assert nearest_boundaries([0.47], before) == [3]
+    assert nearest_boundaries([0.4, 0.41], before) == [2, 3]  # a collision moves the later cut on
+    assert nearest_boundaries([0.01, 0.99], before) == [1, 4]
+    assert nearest_boundaries([0.95, 0.99], before) == [3, 4]  # the first leaves room for the second
+    with pytest.raises(ValueError, match="do not fit"):
+        nearest_boundaries([0.1] * 5, before)
