@@ -62,7 +62,10 @@ def build_parser(prog: str, description: str, epilog: str, *, sweep: bool = Fals
                    help="measured trials each study should hold in total (default 12 for 2 stages, 14 otherwise"
                    + ("; 10 per stage count in a sweep)" if sweep else ")"))
     s.add_argument("--timeout", type=float, default=None, help="stop starting new trials after this many seconds")
-    s.add_argument("--repeats", type=int, default=2, help="timed repeats per trial (default 2)")
+    s.add_argument("--repeats", type=int, default=2, help="timed repeats per trial, at least (default 2)")
+    s.add_argument("--min-trial-seconds", type=float, default=4.0,
+                   help="a short model is repeated more, so that each trial times about this many seconds of the "
+                   "serial model (predicted by the profile), at most 5x --repeats; 0 turns it off (default 4)")
     s.add_argument("--trial-timeout", type=float, default=900.0, help="seconds before a trial counts as hung")
     s.add_argument("--confirm-top", type=int, default=2,
                    help="best plans re-measured in the confirmation round, with PiPPy's equal-size plan (default 2)")
@@ -143,7 +146,7 @@ def run_study(args: argparse.Namespace, stages: int, *, references: bool = False
     from pipeline.models import build_model
     from pipeline.launch import open_pool
     from pipeline.pool import default_threads, resolve_device
-    from search.runner import Search
+    from search.runner import Search, trial_repeats
     from search.space import feasible_chunks
     from search.storage import open_storage
 
@@ -152,6 +155,8 @@ def run_study(args: argparse.Namespace, stages: int, *, references: bool = False
     for flag in ("repeats", "confirm_rounds"):
         if getattr(args, flag) < 1:
             raise PipesplitError(f"--{flag.replace('_', '-')} must be at least 1 (got {getattr(args, flag)})")
+    if not args.min_trial_seconds >= 0:
+        raise PipesplitError(f"--min-trial-seconds must be 0 or more (got {args.min_trial_seconds})")
     if args.trials is not None and args.trials < 1:
         raise PipesplitError(f"--trials must be at least 1 (got {args.trials})")
     try:
@@ -201,12 +206,15 @@ def run_study(args: argparse.Namespace, stages: int, *, references: bool = False
                                        root=Path(args.results_dir) / "profiles", concurrency=stages, repeats=2,
                                        pool=pool)
         study.set_user_attr("segments", [seg.fqn for seg in prof.segments])
+        serial_s = sum(seg.latency(spec.batch_size) for seg in prof.segments)
+        repeats = trial_repeats(args.repeats, serial_s, args.min_trial_seconds)
         print(f"study {name} in {args.storage}: {len(cands.cuts)} cut points, chunks {chunks}, "
-              f"{threads} thread(s)/stage; profile {'from cache' if cached else 'measured'}", flush=True)
+              f"{threads} thread(s)/stage, {repeats} repeats per trial; profile "
+              f"{'from cache' if cached else 'measured'}", flush=True)
         started = time.monotonic()
         search = Search(study=study, pool=pool, profile=prof, cands=cands, spec=spec, stages=stages,
                         chunks=chunks, threads=threads, backend=args.backend or "torch",
-                        schedule=args.schedule or "GPipe", device=device, repeats=args.repeats,
+                        schedule=args.schedule or "GPipe", device=device, repeats=repeats,
                         trial_timeout=args.trial_timeout, prune=not args.no_prune, progress=not args.no_progress,
                         artifacts=artifacts)
         interrupted = False
