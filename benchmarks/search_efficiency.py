@@ -120,8 +120,8 @@ def main(argv: list[str] | None = None) -> int:
         if eq:
             eq_key = min(eq, key=eq.get)
             print(f"grid: PiPPy equal-size {eq_cut} at its best chunk count ({eq_key[1]}) = {s / eq[eq_key]:.2f}x; "
-                  f"the grid's best over it = {eq[eq_key] / grid[best_key]:.2f}x (single trials: the best of many noisy "
-                  f"trials is flattered by its luck; the side-by-side round below re-measures it)")
+                  f"the grid's best over it = {eq[eq_key] / grid[best_key]:.2f}x (single trials: the best of many "
+                  f"noisy trials is flattered by its luck; the side-by-side round below re-measures it)")
     with tempfile.TemporaryDirectory() as tmp:
         t1 = time.perf_counter()
         flags = ["--model", args.model, "--batch-size", str(spec.batch_size), "--stages", "2",

@@ -2,9 +2,10 @@
 
 One trace of the model with a cut at *every* candidate gives the segments exactly as a pipeline runs
 them (torch's ``pipeline(split_spec=...)``); each is then counted (fvcore, fused attention included),
-weighed (parameter bytes, bytes crossing each cut) and timed at every microbatch size on the
-target device and thread count (each size over at least one whole batch of samples). The link between two ranks of the real backend is measured by
-ping-pong and fitted to latency + bytes / bandwidth. Profiles are cached under ``results/profiles/``.
+weighed (parameter bytes, bytes crossing each cut) and timed at every microbatch size on the target
+device and thread count (each size over at least one whole batch of samples). The link between two
+ranks of the real backend is measured by ping-pong and fitted to latency + bytes / bandwidth. Profiles
+are cached under ``results/profiles/``.
 """
 
 from __future__ import annotations
