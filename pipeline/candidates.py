@@ -93,9 +93,11 @@ class Candidates:
                     "list them in the order the model runs"
                 )
         leaves = {i for i, e in enumerate(self.events[:-1]) if e[0] == "B" and self.events[i + 1] == "E" + e[1:]}
+        # a stage starts at a BEGINNING cut's own event (that module runs in it) or after an END cut's
+        starts = [0, *(i if p.kind == "BEGINNING" else i + 1 for p, i in zip(plan.split_points, positions))]
         bounds = [-1, *positions, len(self.events)]
         for s, (lo, hi) in enumerate(zip(bounds, bounds[1:])):
-            if not any(lo < i < hi for i in leaves):
+            if not any(starts[s] <= i < hi for i in leaves):
                 raise PipesplitError(
                     f"stage {s} of the plan would run no module (between cut {lo} and {hi} of {plan.describe()}): "
                     "move or drop a split point"

@@ -77,6 +77,8 @@ def test_validation_against_the_model(tiny_spec):
     c.validate(_plan(tiny_spec, "blocks.2"))
     c.validate(_plan(tiny_spec, "blocks.0.mlp.fc2"))  # any module called once, not only candidates
     c.validate(_plan(tiny_spec, ("blocks.1", "END"), "blocks.3"))
+    for cut in c.cuts:  # every candidate is a valid cut, the last module (head, a leaf) included
+        c.validate(_plan(tiny_spec, cut))
     with pytest.raises(PipesplitError, match=r"'blocks.9' is not a module .* calls exactly once \(did you mean"):
         c.validate(_plan(tiny_spec, "blocks.9"))
     with pytest.raises(PipesplitError, match="out of execution order: blocks.1 .* runs before blocks.3"):
