@@ -4,7 +4,7 @@ Runs a grid of real trials on one stage-worker pool (cuts x chunk counts, in int
 predicts each with the simulator from the model's profile, and prints predicted vs measured pipeline
 seconds and speedup per plan (the serial model is timed beside every repeat, as in a search), the mean
 absolute percentage error and Kendall's tau between the two orderings, and how well the measurement
-ranks the plans against itself (one repeat against another): the noise ceiling no prediction can beat.
+ranks the plans against itself (one repeat against another): the noise ceiling for a single repeat.
 """
 
 from __future__ import annotations
@@ -34,8 +34,8 @@ def _grid_cuts(n_segments: int, stages: int, count: int) -> list[list[int]]:
 def noise_ceiling(predicted: Sequence[float], repeats: Sequence[Sequence[float]]) -> tuple[float, float] | None:
     """(tau of repeat i's ordering against repeat j's, tau of the prediction against one repeat), each a mean.
 
-    How well the measurement agrees with itself bounds how well any prediction can agree with it: a tau
-    target above the first figure cannot be met by a better model, only by more repeats.
+    How well one repeat agrees with another bounds how well any prediction can agree with one repeat; a
+    median over several repeats is steadier, so more repeats, not a better model, raise the tau against it.
     """
     import itertools
 
@@ -53,7 +53,7 @@ def _parse_chunks(text: str, batch: int) -> list[int]:
     try:
         chunks = [int(c) for c in text.split(",")]
     except ValueError:
-        raise PipesplitError(f"--chunks {text!r} is not a comma-separated list of integers: e.g. --chunks 1,4,8")
+        raise PipesplitError(f"--chunks {text!r} is not a comma-separated list of integers: e.g. --chunks 1,4,8") from None
     bad = [m for m in chunks if m < 1 or batch % m]
     if bad:
         raise PipesplitError(f"--chunks {bad} do not divide the batch size {batch}: use divisors of {batch}")
