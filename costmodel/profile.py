@@ -281,6 +281,12 @@ def format_profile(prof: Profile) -> str:
     return "\n".join(rows)
 
 
+def add_cache_args(p: argparse.ArgumentParser) -> None:
+    """``--reprofile`` and ``--cache-dir``, for every command that loads a profile from the cache."""
+    p.add_argument("--reprofile", action="store_true", help="measure again even if a cached profile exists")
+    p.add_argument("--cache-dir", default=str(PROFILE_DIR), help=f"profile cache folder (default {PROFILE_DIR})")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     from pipeline.cli import add_model_args, spec_from_args
     from pipeline.export import write_json
@@ -296,9 +302,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--stages", type=int, default=1,
                    help="time the segments in this many stage workers at once, as a pipeline of that many stages "
                    "would run them (default 1: alone)")
-    p.add_argument("--reprofile", action="store_true", help="measure again even if a cached profile exists")
+    add_cache_args(p)
     p.add_argument("--out", default=None, help="also write the profile JSON here")
-    p.add_argument("--cache-dir", default=str(PROFILE_DIR), help=f"profile cache folder (default {PROFILE_DIR})")
     args = p.parse_args(argv)
     try:
         spec = spec_from_args(args)

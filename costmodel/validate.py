@@ -63,7 +63,7 @@ def _parse_chunks(text: str, batch: int) -> list[int]:
 def main(argv: Sequence[str] | None = None) -> int:
     from tqdm import tqdm
 
-    from costmodel.profile import load_or_profile
+    from costmodel.profile import add_cache_args, load_or_profile
     from pipeline.cli import add_model_args, spec_from_args
     from pipeline.plan import SplitPlan, SplitPoint
     from pipeline.pool import StagePool
@@ -82,8 +82,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=2,
                    help="rounds over the whole grid, interleaving the plans (default 2); each plan's figure is the "
                    "median of rounds x repeats")
-    p.add_argument("--reprofile", action="store_true", help="profile again even if a cached profile exists")
-    p.add_argument("--cache-dir", default=None, help="profile cache folder (default results/profiles)")
+    add_cache_args(p)
     p.add_argument("--out", default=None, help="also write every plan's predicted and measured numbers as JSON here")
     args = p.parse_args(argv)
     try:
@@ -91,10 +90,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         chunks = _parse_chunks(args.chunks, spec.batch_size)
         if args.repeats < 1 or args.rounds < 1:
             raise PipesplitError(f"--repeats {args.repeats} and --rounds {args.rounds} must be at least 1")
-        root = {"root": Path(args.cache_dir)} if args.cache_dir else {}
         prof, _ = load_or_profile(spec, device=args.device, threads=args.threads_per_stage,
                                   granularity=args.granularity, concurrency=args.stages, reprofile=args.reprofile,
-                                  **root)
+                                  root=Path(args.cache_dir))
         grid = [(cuts, m) for cuts in _grid_cuts(len(prof.segments), args.stages, args.cuts) for m in chunks]
         plans = [SplitPlan(model=spec, split_points=tuple(SplitPoint(prof.segments[c].fqn) for c in cuts), chunks=m,
                            backend=args.backend, device=args.device, threads_per_stage=args.threads_per_stage)
