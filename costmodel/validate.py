@@ -99,6 +99,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                  for cuts, m in grid]
         measured: list[list[float]] = [[] for _ in grid]
         serial: list[list[float]] = [[] for _ in grid]
+        speedups: list[list[float]] = [[] for _ in grid]
         compute: list[list[list[float]]] = [[] for _ in grid]
         events: list[list[object]] = [[] for _ in grid]
         failed: set[int] = set()
@@ -120,6 +121,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                         continue
                     measured[i].extend(res.pipeline_s)
                     serial[i].extend(res.serial_s)
+                    speedups[i].extend(res.speedups)
                     compute[i].append(list(res.stage_compute_s))
                     events[i] = [list(map(list, r)) for r in res.events]
         rows = []
@@ -129,10 +131,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                 continue
             pred = simulate(prof, cuts, m)
             meas = statistics.median(measured[i])
-            speedups = [a / b for a, b in zip(serial[i], measured[i])]
-            rows.append((plan, pred, meas, min(measured[i]), max(measured[i]), statistics.median(speedups)))
+            rows.append((plan, pred, meas, min(measured[i]), max(measured[i]), statistics.median(speedups[i])))
             records.append({"cuts": cuts, "chunks": m, "predicted": pred.to_dict(), "pipeline_s": measured[i],
-                            "serial_s": serial[i], "speedups": speedups,
+                            "serial_s": serial[i], "speedups": speedups[i],
                             "stage_compute_s": compute[i], "events": events[i]})
     except (PipesplitError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
