@@ -23,6 +23,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from pipeline.core.policies import PIPPY
+
 
 def side_by_side(spec: object, grid_top: list[tuple[str, int]], best: tuple[tuple[str, ...], int],
                  pippy: tuple[str, int], rounds: int) -> dict[str, float]:
@@ -31,23 +33,20 @@ def side_by_side(spec: object, grid_top: list[tuple[str, int]], best: tuple[tupl
     The grid's best single trial is the luckiest of dozens of noisy ones; measured again beside the
     optimizer's pick, in the same rounds, the two compare fairly.
     """
-    from pipeline.plan import SplitPlan, SplitPoint
+    from pipeline.core.plan import SplitPlan, SplitPoint
     from pipeline.pool import StagePool
+    from pipeline.rounds import interleaved
 
     plans: dict[str, tuple[tuple[str, ...], int]] = {}
     for k, (cut, m) in enumerate(grid_top, 1):
         plans[f"grid #{k}"] = ((cut,), m)
     plans["optimizer best"] = best
     plans["PiPPy equal-size"] = ((pippy[0],), pippy[1])
-    speedups: dict[str, list[float]] = {name: [] for name in plans}
+    built = [SplitPlan(model=spec, split_points=tuple(SplitPoint(c) for c in cuts), chunks=m, threads_per_stage=1)
+             for cuts, m in plans.values()]
     with StagePool(2, threads_per_stage=1, quiet=True) as pool:
-        for _ in range(rounds):
-            for name, (cuts, m) in plans.items():
-                plan = SplitPlan(model=spec, split_points=tuple(SplitPoint(c) for c in cuts), chunks=m,
-                                 threads_per_stage=1)
-                r = pool.run(plan, repeats=2, warmup=0, serial=True, serial_all=False)
-                if r.ok:
-                    speedups[name].extend(r.speedups)
+        runs = interleaved(pool, built, rounds, repeats=2)
+    speedups = {name: runs.speedups(i) for i, name in enumerate(plans)}
     print(f"side by side ({rounds} interleaved rounds x 2 repeats, speedup median and min-max):")
     med = {name: statistics.median(v) for name, v in speedups.items() if v}
     for name, (cuts, m) in plans.items():
@@ -67,11 +66,11 @@ def side_by_side(spec: object, grid_top: list[tuple[str, int]], best: tuple[tupl
 def main(argv: list[str] | None = None) -> int:
     import optuna
 
-    from costmodel.policies import equal_size_cuts
+    from pipeline.core.policies import equal_size_cuts
     from costmodel.profile import divisors
     from pipeline.candidates import find_candidates
     from pipeline.models import build_model, resolve_spec
-    from pipeline.plan import SplitPlan, SplitPoint
+    from pipeline.core.plan import SplitPlan, SplitPoint
     from pipeline.pool import StagePool
     from search.optimize import main as optimize
 
@@ -138,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
         measured = [t for t in study.trials if t.user_attrs.get("measured")]
         conf = study.user_attrs["confirmation"]
         best_row = next(r for r in conf["plans"] if r["trial"] == conf["best_trial"])
-        pippy = next((r for r in conf["plans"] if "pippy-equal-size" in str(r["source"])), None)
+        pippy = next((r for r in conf["plans"] if PIPPY in str(r["source"])), None)
         print(f"optimizer: {len(measured)} measured trials, {len(study.trials)} in all, "
               f"{time.perf_counter() - t1:.0f}s")
         if grid:

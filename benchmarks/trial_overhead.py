@@ -15,7 +15,7 @@ import sys
 import time
 
 from pipeline.models import resolve_spec
-from pipeline.plan import SplitPlan, SplitPoint
+from pipeline.core.plan import SplitPlan, SplitPoint
 from pipeline.pool import StagePool
 
 

@@ -3,7 +3,8 @@
 One trace of the model with a cut at *every* candidate gives the segments exactly as a pipeline runs
 them (torch's ``pipeline(split_spec=...)``); each is then counted (fvcore, fused attention included),
 weighed (parameter bytes, bytes crossing each cut) and timed at every microbatch size on the target
-device and thread count (each size over at least one whole batch of samples). The link between two
+device and thread count (each size over at least one whole batch of samples). The timing runs in the
+stage workers (``pipeline.probes``, sent as a ``ProfileSegments`` command); the FLOPs are counted here. The link between two
 ranks of the real backend is measured by ping-pong and fitted to latency + bytes / bandwidth. Profiles
 are cached under ``results/profiles/``.
 """
@@ -11,26 +12,27 @@ are cached under ``results/profiles/``.
 from __future__ import annotations
 
 import argparse
-import copy
 import hashlib
 import json
 import statistics
 import sys
-import time
 from collections.abc import Sequence
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
 import torch
-from torch import fx
 
 from costmodel.flops import count_flops
 from costmodel.link import fit_link
 from costmodel.types import Link, Profile, Segment
-from pipeline.candidates import Candidates, find_candidates
-from pipeline.errors import PipesplitError
+from pipeline.candidates import find_candidates
+from pipeline.core.errors import PipesplitError
+from pipeline.core.spec import ModelSpec
+from pipeline.messages import SegmentReply
 from pipeline.models import build_model, example_input
-from pipeline.spec import ModelSpec
+from pipeline.pool import StagePool
+from pipeline.probes import SegmentRunner, stage_targets, time_segments, trace_all_cuts
 
 PROFILE_DIR = Path("results/profiles")
 
@@ -39,78 +41,17 @@ def divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
-class _SegmentRunner(fx.Interpreter):
-    """Runs a split model stage by stage, timing each stage module and keeping its inputs."""
-
-    def __init__(self, gm: fx.GraphModule, sync: Any) -> None:
-        super().__init__(gm)
-        self.sync = sync
-        self.times: dict[str, float] = {}
-        self.inputs: dict[str, tuple[Any, ...]] = {}
-        self.values: dict[str, Any] = {}
-
-    def call_module(self, target: Any, args: Any, kwargs: Any) -> Any:
-        self.inputs[target] = args
-        self.sync()
-        t = time.perf_counter()
-        out = super().call_module(target, args, kwargs)
-        self.sync()
-        self.times[target] = time.perf_counter() - t
-        return out
-
-    def run_node(self, n: fx.Node) -> Any:
-        value = super().run_node(n)
-        self.values[n.name] = value
-        return value
-
-
-def _nbytes(value: Any) -> int:
-    from torch.utils._pytree import tree_leaves
-
-    return sum(t.numel() * t.element_size() for t in tree_leaves(value) if isinstance(t, torch.Tensor))
-
-
-def stage_targets(gm: fx.GraphModule) -> list[str]:
-    """The stage modules of a split graph in execution order (``submod_i`` or ``submod_pp_i`` by version)."""
-    return [n.target for n in gm.graph.nodes if n.op == "call_module"]
-
-
-def _crossing_bytes(gm: fx.GraphModule, values: dict[str, Any], n_stages: int) -> list[int]:
-    """Bytes crossing each cut k (between stage k-1 and k): values made before k and used at k or later."""
-    index = {t: i for i, t in enumerate(stage_targets(gm))}
-    stage_of = {}
-    for node in gm.graph.nodes:
-        if node.op == "call_module":
-            stage_of[node.name] = index[node.target]
-    for node in gm.graph.nodes:
-        if node.op == "call_function" and node.args and isinstance(node.args[0], fx.Node) \
-                and node.args[0].name in stage_of:
-            stage_of[node.name] = stage_of[node.args[0].name]
-    cross = [0] * n_stages
-    for node in gm.graph.nodes:
-        if node.name not in stage_of:
-            continue
-        producer = stage_of[node.name]
-        # a stage returning a tuple is consumed through getitem nodes, which carry the stage index too
-        consumers = [index[u.target] for u in node.users if u.op == "call_module"]
-        if not consumers:
-            continue
-        size = _nbytes(values[node.name])
-        for k in range(producer + 1, max(consumers) + 1):
-            cross[k] += size
-    return cross[1:]
-
-
-def _trace_all_cuts(model: torch.nn.Module, cands: Candidates, x: torch.Tensor) -> fx.GraphModule:
-    from torch.distributed.pipelining import SplitPoint, pipeline
-
-    from pipeline.stages import _use_codegen
-
-    pipe = pipeline(copy.deepcopy(model), mb_args=(x,), split_spec={f: SplitPoint.BEGINNING for f in cands.cuts})
-    if pipe.num_stages != len(cands.blocks):
-        raise PipesplitError(f"tracing every cut gave {pipe.num_stages} segments, expected {len(cands.blocks)}")
-    _use_codegen(pipe.split_gm)
-    return pipe.split_gm
+def segment_flops(spec: ModelSpec, granularity: str, m: int) -> list[int]:
+    """Multiply-accumulates per sample of every candidate segment, counted at microbatch size ``m``."""
+    model = build_model(spec)
+    cands = find_candidates(model, spec, granularity)
+    x = example_input(spec)[:m]
+    gm = trace_all_cuts(model, cands, x)
+    runner = SegmentRunner(gm, lambda: None)
+    with torch.no_grad():
+        runner.run(x)
+    mods = dict(gm.named_children())
+    return [count_flops(mods[t], runner.inputs[t]) // m for t in stage_targets(gm)]
 
 
 def profile_key(spec: ModelSpec, device: str, threads: int, granularity: str, micro_sizes: Sequence[int],
@@ -129,54 +70,9 @@ def cache_path(spec: ModelSpec, key: str, root: Path = PROFILE_DIR) -> Path:
 
 def measure_link(device: str, sizes: Sequence[int], repeats: int = 5) -> Link:
     """Ping-pong between two ranks of the real backend (gloo on CPU, NCCL on CUDA)."""
-    from pipeline.pool import StagePool
-
     with StagePool(2, device=device, threads_per_stage=1, quiet=True) as pool:
         samples = pool.measure_link(list(sizes), repeats)
     return fit_link(samples, "nccl" if device == "cuda" else "gloo")
-
-
-def timed_repeats(repeats: int, m: int, batch: int) -> int:
-    """At least ``repeats``, and at least one whole batch of samples, as one pipeline run pushes through.
-
-    A run at microbatch 1 lasts 1/32 of one at 32: three of them were too few to time it (on DeiT-S the
-    sum of per-segment minima was 10 % below the medians), so small sizes are timed more often. Every rank
-    computes the same count, so concurrent ranks stay in step without talking.
-    """
-    return max(repeats, -(-batch // m))
-
-
-def measure_segments(spec: ModelSpec, *, granularity: str, micro: Sequence[int], repeats: int, warmup: int,
-                     device: torch.device, count: bool = True, together: Any = None) -> dict[str, Any]:
-    """This process's measurements of every segment; ``together()`` lines ranks up before each size's timing."""
-    sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
-    model = build_model(spec).to(device)
-    cands = find_candidates(build_model(spec), spec, granularity)
-    n = len(cands.blocks)
-    x_all = example_input(spec, device)
-    out: dict[str, Any] = {"blocks": list(cands.blocks), "lat": {}, "spread": {}}
-    for m in micro:
-        gm = _trace_all_cuts(model, cands, x_all[:m])
-        runner = _SegmentRunner(gm, sync)
-        names = stage_targets(gm)
-        samples: list[list[float]] = [[] for _ in range(n)]
-        if together is not None:
-            together()
-        with torch.no_grad():
-            for i in range(warmup + timed_repeats(repeats, m, spec.batch_size)):
-                runner.run(x_all[:m])
-                if i >= warmup:
-                    for k in range(n):
-                        samples[k].append(runner.times[names[k]])
-        out["lat"][m] = [statistics.median(v) for v in samples]
-        out["spread"][m] = [(min(v), max(v)) for v in samples]
-        if count and "flops" not in out:
-            out["cross"] = [b // m for b in _crossing_bytes(gm, runner.values, n)]
-            mods = dict(gm.named_children())
-            out["params"] = [sum(p.numel() * p.element_size() for p in mods[t].parameters())
-                             + sum(b.numel() * b.element_size() for b in mods[t].buffers()) for t in names]
-            out["flops"] = [count_flops(mods[t], runner.inputs[t]) // m for t in names]
-    return out
 
 
 def profile_model(spec: ModelSpec, *, device: str = "cpu", threads: int = 1, granularity: str = "block",
@@ -195,10 +91,6 @@ def profile_model(spec: ModelSpec, *, device: str = "cpu", threads: int = 1, gra
     if spec.batch_size not in micro:
         micro.append(spec.batch_size)
     if concurrency > 1:
-        from contextlib import nullcontext
-
-        from pipeline.pool import StagePool
-
         # a search's own pool (same stage count) is reused: under torchrun it is the only one there is
         own = pool is not None and pool.stages == concurrency
         with nullcontext(pool) if own else StagePool(concurrency, device=device, threads_per_stage=threads,
@@ -208,25 +100,28 @@ def profile_model(spec: ModelSpec, *, device: str = "cpu", threads: int = 1, gra
         if samples is not None:
             link = fit_link(samples, "nccl" if device == "cuda" else "gloo")
         first = ranks[0]
-        lat = {m: [statistics.median(r["lat"][m][k] for r in ranks) for k in range(len(first["blocks"]))]
-               for m in micro}
-        spread = {m: [(min(r["spread"][m][k][0] for r in ranks), max(r["spread"][m][k][1] for r in ranks))
-                      for k in range(len(first["blocks"]))] for m in micro}
+        k_all = range(len(first.blocks))
+        lat = {m: [statistics.median(r.latency_s[m][k] for r in ranks) for k in k_all] for m in micro}
+        spread = {m: [(min(r.spread[m][k][0] for r in ranks), max(r.spread[m][k][1] for r in ranks)) for k in k_all]
+                  for m in micro}
     else:
         before = torch.get_num_threads()
         torch.set_num_threads(threads)
         try:
-            first = measure_segments(spec, granularity=granularity, micro=micro, repeats=repeats, warmup=warmup,
-                                     device=torch.device("cuda" if device == "cuda" else "cpu"))
+            first = time_segments(spec, granularity=granularity, micro=micro, repeats=repeats, warmup=warmup,
+                                  device=torch.device("cuda" if device == "cuda" else "cpu"))
         finally:
             torch.set_num_threads(before)
-        lat, spread = first["lat"], first["spread"]
+        lat = {m: list(v) for m, v in first.latency_s.items()}
+        spread = {m: list(v) for m, v in first.spread.items()}
         if link is None:
             link = measure_link(device, _link_sizes(first, micro))
-    n = len(first["blocks"])
+    assert link is not None
+    flops = segment_flops(spec, granularity, micro[0])
+    n = len(first.blocks)
     segments = tuple(
-        Segment(fqn=first["blocks"][k], flops=int(first["flops"][k]), param_bytes=int(first["params"][k]),
-                out_bytes=int(first["cross"][k]) if k < n - 1 else 0,
+        Segment(fqn=first.blocks[k], flops=int(flops[k]), param_bytes=int(first.param_bytes[k]),
+                out_bytes=int(first.cross_bytes[k]) if k < n - 1 else 0,
                 latency_s={m: lat[m][k] for m in micro}, latency_spread={m: tuple(spread[m][k]) for m in micro})
         for k in range(n)
     )
@@ -237,8 +132,8 @@ def profile_model(spec: ModelSpec, *, device: str = "cpu", threads: int = 1, gra
                    versions=provenance(), key=profile_key(spec, device, threads, granularity, micro, concurrency))
 
 
-def _link_sizes(measured: dict[str, Any], micro: Sequence[int]) -> list[int]:
-    return sorted({max(4, b * m) for b in measured["cross"] for m in micro} | {4, 1 << 20})
+def _link_sizes(measured: SegmentReply, micro: Sequence[int]) -> list[int]:
+    return sorted({max(4, b * m) for b in measured.cross_bytes for m in micro} | {4, 1 << 20})
 
 
 def load_or_profile(spec: ModelSpec, *, device: str = "cpu", threads: int = 1, granularity: str = "block",
@@ -246,7 +141,7 @@ def load_or_profile(spec: ModelSpec, *, device: str = "cpu", threads: int = 1, g
                     repeats: int = 3, concurrency: int = 1, quiet: bool = False,
                     pool: Any = None) -> tuple[Profile, bool]:
     """(profile, whether it came from the cache): reuse ``results/profiles/`` unless told to measure again."""
-    from pipeline.export import write_json
+    from pipeline.core.atomic import write_json
 
     micro = sorted(set(micro_sizes or divisors(spec.batch_size)) | {spec.batch_size})
     key = profile_key(spec, device, threads, granularity, micro, concurrency)
@@ -289,7 +184,7 @@ def add_cache_args(p: argparse.ArgumentParser) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     from pipeline.cli import add_model_args, spec_from_args
-    from pipeline.export import write_json
+    from pipeline.core.atomic import write_json
 
     p = argparse.ArgumentParser(prog="python -m costmodel.profile", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter,

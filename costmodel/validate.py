@@ -17,7 +17,7 @@ from pathlib import Path
 
 from costmodel.simulate import simulate
 from costmodel.stats import kendall_tau, mape
-from pipeline.errors import PipesplitError
+from pipeline.core.errors import PipesplitError
 
 
 def _grid_cuts(n_segments: int, stages: int, count: int) -> list[list[int]]:
@@ -65,8 +65,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     from costmodel.profile import add_cache_args, load_or_profile
     from pipeline.cli import add_model_args, spec_from_args
-    from pipeline.plan import SplitPlan, SplitPoint
+    from pipeline.core.plan import SplitPlan, SplitPoint
     from pipeline.pool import StagePool
+    from pipeline.rounds import interleaved
 
     p = argparse.ArgumentParser(prog="python -m costmodel.validate", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -97,44 +98,27 @@ def main(argv: Sequence[str] | None = None) -> int:
         plans = [SplitPlan(model=spec, split_points=tuple(SplitPoint(prof.segments[c].fqn) for c in cuts), chunks=m,
                            backend=args.backend, device=args.device, threads_per_stage=args.threads_per_stage)
                  for cuts, m in grid]
-        measured: list[list[float]] = [[] for _ in grid]
-        serial: list[list[float]] = [[] for _ in grid]
-        speedups: list[list[float]] = [[] for _ in grid]
-        compute: list[list[list[float]]] = [[] for _ in grid]
-        events: list[list[object]] = [[] for _ in grid]
-        failed: set[int] = set()
         # rounds interleave the plans, so a machine that drifts over the minutes a grid takes slows all alike
         with StagePool(args.stages, device=args.device, threads_per_stage=args.threads_per_stage) as pool, \
                 tqdm(total=len(grid) * args.rounds, desc="real trials", unit="trial") as bar:
-            for _ in range(args.rounds):
-                for i, plan in enumerate(plans):
-                    bar.update()
-                    if i in failed:
-                        continue
-                    # warmup=0: the output check runs the fresh pipeline once first, which warms it up
-                    # the serial model is timed beside each repeat, as in a search: its speedup cancels the
-                    # machine's drift between the profile and the trial
-                    res = pool.run(plan, repeats=args.repeats, warmup=0, serial=True, serial_all=False)
-                    if not res.ok:
-                        print(f"failed: {plan.describe()}: {res.reason}", file=sys.stderr)
-                        failed.add(i)
-                        continue
-                    measured[i].extend(res.pipeline_s)
-                    serial[i].extend(res.serial_s)
-                    speedups[i].extend(res.speedups)
-                    compute[i].append(list(res.stage_compute_s))
-                    events[i] = [list(map(list, r)) for r in res.events]
+            runs = interleaved(pool, plans, args.rounds, repeats=args.repeats, drop_failed=True,
+                               tick=lambda i, r: bar.update())
+        for i, why in runs.failures.items():
+            print(f"failed: {plans[i].describe()}: {why}", file=sys.stderr)
         rows = []
         records: list[dict[str, object]] = []
         for i, ((cuts, m), plan) in enumerate(zip(grid, plans)):
-            if i in failed:
+            res = runs.results[i]
+            if i in runs.failures or not res:
                 continue
             pred = simulate(prof, cuts, m)
-            meas = statistics.median(measured[i])
-            rows.append((plan, pred, meas, min(measured[i]), max(measured[i]), statistics.median(speedups[i])))
-            records.append({"cuts": cuts, "chunks": m, "predicted": pred.to_dict(), "pipeline_s": measured[i],
-                            "serial_s": serial[i], "speedups": speedups[i],
-                            "stage_compute_s": compute[i], "events": events[i]})
+            measured = [t for r in res for t in r.pipeline_s]
+            meas = statistics.median(measured)
+            rows.append((plan, pred, meas, min(measured), max(measured), statistics.median(runs.speedups(i))))
+            records.append({"cuts": cuts, "chunks": m, "predicted": pred.to_dict(), "pipeline_s": measured,
+                            "serial_s": [t for r in res for t in r.serial_s], "speedups": runs.speedups(i),
+                            "stage_compute_s": [list(r.stage_compute_s) for r in res],
+                            "events": [list(map(list, ev)) for ev in res[-1].events]})
     except (PipesplitError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -156,7 +140,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 print(f"  noise: one repeat against another ranks the plans with tau {noise[0]:.3f} (mean over "
                       f"pairs of repeats); the prediction against one repeat, {noise[1]:.3f}")
     if args.out:
-        from pipeline.export import write_json
+        from pipeline.core.atomic import write_json
 
         write_json(args.out, {"profile_key": prof.key, "plans": records})
         print(f"wrote {args.out}")

@@ -1,8 +1,5 @@
-"""Real multi-process pipeline trials: model specs, split plans, candidates, the stage-worker pool."""
+"""Real multi-process pipeline trials: model specs, split plans, candidates, the stage-worker pools."""
 
-from pipeline.errors import PipesplitError
-from pipeline.plan import SplitPlan, SplitPoint
-from pipeline.result import TrialResult
-from pipeline.spec import ModelSpec
+from pipeline.core import ModelSpec, PipesplitError, SplitPlan, SplitPoint, TrialResult
 
 __all__ = ["ModelSpec", "PipesplitError", "SplitPlan", "SplitPoint", "TrialResult"]

@@ -4,15 +4,17 @@ from __future__ import annotations
 
 import difflib
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import nn
 
-from pipeline.errors import PipesplitError
-from pipeline.plan import SplitPlan, SplitPoint
-from pipeline.spec import ModelSpec
+from pipeline.core.errors import PipesplitError
+from pipeline.core.plan import SplitPlan, SplitPoint
+from pipeline.core.policies import PolicyInputs, policy
+from pipeline.core.spec import ModelSpec
 
 GRANULARITIES = ("block", "layer")
 _CONTAINERS = (nn.Sequential, nn.ModuleList)
@@ -22,7 +24,6 @@ _CONTAINERS = (nn.Sequential, nn.ModuleList)
 class Candidates:
     """The segments a model divides into at one granularity, and every module's place in execution order."""
 
-    model_key: str
     granularity: str
     blocks: tuple[str, ...]
     """Segment starts in execution order; a cut is a ``BEGINNING`` at any of ``blocks[1:]``."""
@@ -39,9 +40,39 @@ class Candidates:
     def max_stages(self) -> int:
         return len(self.blocks)
 
-    def position(self, point: SplitPoint) -> int:
-        """Index in ``events`` where the cut falls."""
-        return self._index()[("B:" if point.kind == "BEGINNING" else "E:") + point.fqn]
+    def check_stages(self, stages: int, model: str) -> None:
+        """One line when ``stages`` is more than this model has places to cut (every command asks this)."""
+        if stages < 2:
+            raise PipesplitError(f"--stages must be at least 2 (got {stages})")
+        if stages > self.max_stages:
+            raise self._too_many(f"--stages {stages}", model)
+
+    def _too_many(self, what: str, model: str) -> PipesplitError:
+        return PipesplitError(
+            f"{what} is too many for {model}: it has {len(self.cuts)} cut points at {self.granularity} "
+            f"granularity, so at most {self.max_stages} stages; use fewer stages"
+            + (" or --granularity layer" if self.granularity == "block" else ""))
+
+    def policy_inputs(self, segment_times: Sequence[float] | None = None,
+                      segment_flops: Sequence[int] | None = None) -> PolicyInputs:
+        """What the reference policies weigh, for this model (times and FLOPs come from a profile)."""
+        return PolicyInputs(unit_elements=tuple(n for _, n in self.units),
+                            segment_elements=tuple(self.segment_params()),
+                            segment_times=None if segment_times is None else tuple(segment_times),
+                            segment_flops=None if segment_flops is None else tuple(segment_flops))
+
+    def policy_points(self, name: str, stages: int, inputs: PolicyInputs | None = None) -> tuple[SplitPoint, ...]:
+        """The split points that the reference policy ``name`` picks for ``stages`` stages."""
+        try:
+            pol = policy(name)
+            cuts = pol.cuts(inputs or self.policy_inputs(), stages)
+        except ValueError as e:
+            raise PipesplitError(f"policy {name} cannot split {stages} stages: {e}") from None
+        return self.unit_points(cuts) if pol.on_units else self.plan_points(cuts)
+
+    def unit_points(self, unit_indices: Sequence[int]) -> tuple[SplitPoint, ...]:
+        """Split points before PiPPy's units ``unit_indices`` (a cut there may fall inside a block)."""
+        return tuple(SplitPoint(self.units[i][0], "BEGINNING") for i in unit_indices)
 
     def segment_params(self) -> list[int]:
         """Parameter+buffer elements of each block segment (what PiPPy's size rule balances)."""
@@ -68,11 +99,7 @@ class Candidates:
     def validate(self, plan: SplitPlan) -> None:
         """Raise a one-line PipesplitError if ``plan``'s cuts cannot be made in this model."""
         if plan.stages > self.max_stages:
-            raise PipesplitError(
-                f"{plan.stages} stages is too many for {plan.model.name}: it has {len(self.cuts)} cut points at "
-                f"{self.granularity} granularity, so at most {self.max_stages} stages; use fewer stages"
-                + (" or --granularity layer" if self.granularity == "block" else "")
-            )
+            raise self._too_many(f"{plan.stages} stages", plan.model.name)
         idx = self._index()
         positions = []
         for p in plan.split_points:
@@ -105,7 +132,6 @@ class Candidates:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "model_key": self.model_key,
             "granularity": self.granularity,
             "blocks": list(self.blocks),
             "events": list(self.events),
@@ -115,7 +141,6 @@ class Candidates:
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Candidates:
         return cls(
-            model_key=d["model_key"],
             granularity=d["granularity"],
             blocks=tuple(d["blocks"]),
             events=tuple(d["events"]),
@@ -200,5 +225,5 @@ def find_candidates(model: nn.Module, spec: ModelSpec, granularity: str = "block
     if len(merged) < 2:
         raise PipesplitError(f"{spec.name} has no place to cut at {granularity} granularity: try --granularity layer")
     return Candidates(
-        model_key=spec.key, granularity=granularity, blocks=tuple(merged), events=events, units=tuple(units)
+        granularity=granularity, blocks=tuple(merged), events=events, units=tuple(units)
     )

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import argparse
 import json
+from dataclasses import dataclass, field
 from typing import Any
 
 from pipeline.candidates import GRANULARITIES
-from pipeline.errors import PipesplitError
-from pipeline.plan import BACKENDS, DEVICES, SCHEDULES
-from pipeline.spec import DTYPES, ModelSpec
+from pipeline.core.errors import PipesplitError
+from pipeline.core.plan import BACKENDS, DEVICES, SCHEDULES
+from pipeline.core.spec import DTYPES, ModelSpec
 
 DEFAULT_MODEL = "deit_small_patch16_224"
 
@@ -54,16 +55,34 @@ def parse_kwargs(text: str | None) -> dict[str, Any]:
     return value
 
 
+@dataclass(frozen=True, kw_only=True)
+class ModelArgs:
+    """The model a command was asked for, before it is built (``resolve`` builds it once to read its input)."""
+
+    name: str = DEFAULT_MODEL
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    batch_size: int = 32
+    image_size: int | None = None
+    dtype: str = "float32"
+    checkpoint: str | None = None
+    seed: int = 0
+    granularity: str = "block"
+    """Candidate cut points: ``block`` or ``layer``."""
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> ModelArgs:
+        return cls(name=args.model or DEFAULT_MODEL, kwargs=parse_kwargs(args.model_kwargs),
+                   batch_size=32 if args.batch_size is None else args.batch_size, image_size=args.image_size,
+                   dtype=args.dtype or "float32", checkpoint=args.checkpoint, seed=0 if args.seed is None else args.seed,
+                   granularity=args.granularity)
+
+    def resolve(self) -> ModelSpec:
+        from pipeline.models import resolve_spec
+
+        return resolve_spec(self.name, kwargs=self.kwargs, batch_size=self.batch_size, image_size=self.image_size,
+                            dtype=self.dtype, checkpoint=self.checkpoint, seed=self.seed)
+
+
 def spec_from_args(args: argparse.Namespace) -> ModelSpec:
     """Build the ModelSpec the flags describe (this builds the model once to read its input size)."""
-    from pipeline.models import resolve_spec
-
-    return resolve_spec(
-        args.model or DEFAULT_MODEL,
-        kwargs=parse_kwargs(args.model_kwargs),
-        batch_size=32 if args.batch_size is None else args.batch_size,
-        image_size=args.image_size,
-        dtype=args.dtype or "float32",
-        checkpoint=args.checkpoint,
-        seed=0 if args.seed is None else args.seed,
-    )
+    return ModelArgs.from_args(args).resolve()

@@ -4,7 +4,7 @@
 --stages N*K`` starts N*K copies of the program. Each joins the pipeline's process group from torchrun's
 environment (``env://``); rank 0 also runs the search (or ``pipeline.run``) and sends commands to the
 others over a gloo control group (``broadcast_object_list``), gathering their replies
-(``gather_object``). A trial is the same ``_Rank.trial`` as in the local ``StagePool``, so a plan
+(``gather_object``). A trial is the same ``RunTrial`` command as in the local ``StagePool``, so a plan
 measures the same way on one host or many. Unlike the local pool, a rank cannot be restarted from
 inside: a rank that fails mid-trial ends the run with its reason, and torchrun's own restart policy
 (``--max-restarts``) and the resumable study take it from there.
@@ -15,51 +15,26 @@ from __future__ import annotations
 import os
 import sys
 import time
-from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-from pipeline.errors import PipesplitError
-from pipeline.plan import SplitPlan
-from pipeline.result import TrialResult
+from pipeline.core.errors import PipesplitError
+from pipeline.core.plan import SplitPlan
+from pipeline.core.result import TrialResult
+from pipeline.core.spec import ModelSpec
+from pipeline.hosts import TorchrunEnv, check_device, default_threads, torchrun_env
+from pipeline.messages import ErrorReply, Reply, SegmentReply, TrialOptions
+from pipeline.pool import StagePool
+from pipeline.pooling import Pool, check_trial_args, link_samples, result_from_replies
+from pipeline.protocol import Command, Configure, MeasureLink, ProfileSegments, RunTrial, Stop, handle
+from pipeline.rank import RankState, WorkerConfig, join_group
+
+__all__ = ["RankPool", "follow", "follower_exit", "open_pool", "release_followers", "torchrun_env"]
 
 
-@dataclass(frozen=True)
-class TorchrunEnv:
-    """What torchrun (torch.distributed.elastic) tells each process about its place."""
-
-    rank: int
-    world_size: int
-    local_rank: int
-    local_world_size: int
-
-
-def torchrun_env() -> TorchrunEnv | None:
-    """This process's torchrun placement, or None when it was not started by torchrun."""
-    env = os.environ
-    if "TORCHELASTIC_RUN_ID" not in env or "RANK" not in env or "WORLD_SIZE" not in env:
-        return None
-    return TorchrunEnv(rank=int(env["RANK"]), world_size=int(env["WORLD_SIZE"]),
-                       local_rank=int(env.get("LOCAL_RANK", "0")),
-                       local_world_size=int(env.get("LOCAL_WORLD_SIZE", "1")))
-
-
-def _config(env: TorchrunEnv, device: str, threads: int, timeout_s: float) -> Any:
-    from pipeline.worker import WorkerConfig
-
+def _config(env: TorchrunEnv, device: str, threads: int, timeout_s: float) -> WorkerConfig:
     return WorkerConfig(world_size=env.world_size, device=device, init_method="env://", timeout_s=timeout_s,
                         threads=threads, local_rank=env.local_rank)
-
-
-def _check_cuda(env: TorchrunEnv, device: str) -> None:
-    if device != "cuda":
-        return
-    import torch
-
-    n = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    if n < env.local_world_size:
-        raise PipesplitError(f"--device cuda needs one GPU per stage: this host has {n} GPU(s) for "
-                             f"{env.local_world_size} local ranks; lower --nproc-per-node or use --device cpu")
 
 
 def _control_group() -> Any:
@@ -72,19 +47,17 @@ _JOINED = False  # whether this process has joined the torchrun group (a RankPoo
 
 
 class RankPool:
-    """Rank 0's view of a torchrun job: the ``StagePool`` interface over ranks that already exist."""
+    """Rank 0's view of a torchrun job: the ``Pool`` interface over ranks that already exist."""
 
     def __init__(self, stages: int, *, device: str = "cpu", threads_per_stage: int | None = None,
                  group_timeout_s: float = 600.0, quiet: bool = False) -> None:
-        from pipeline.pool import default_threads
-
         env = torchrun_env()
         if env is None:
             raise PipesplitError("RankPool runs under torchrun only")
         if env.world_size != stages:
             raise PipesplitError(f"torchrun started {env.world_size} processes but --stages is {stages}: "
                                  f"pass --stages {env.world_size} (nnodes x nproc-per-node)")
-        _check_cuda(env, device)
+        check_device(device, stages)
         self.env = env
         self.stages = stages
         self.device = device
@@ -93,7 +66,7 @@ class RankPool:
         self.quiet = quiet
         self.restarts = 0
         self.start_s = float("nan")
-        self._state: Any = None
+        self._state: RankState | None = None
         self._ctrl: Any = None
 
     @property
@@ -112,64 +85,58 @@ class RankPool:
     def start(self) -> None:
         if self._state is not None:
             return
-        from pipeline.worker import join_group
-
         global _JOINED
         t = time.perf_counter()
         self._state = join_group(0, _config(self.env, self.device, self.threads_per_stage, self.group_timeout_s))
         _JOINED = True
         self._ctrl = _control_group()
-        self._send(("config", self.threads_per_stage))
+        self._send(Configure(threads=self.threads_per_stage))
         self.start_s = time.perf_counter() - t
 
-    def _send(self, msg: tuple[Any, ...]) -> None:
+    def _send(self, cmd: Command) -> None:
         import torch.distributed as dist
 
-        dist.broadcast_object_list([msg], src=0, group=self._ctrl)
+        dist.broadcast_object_list([cmd], src=0, group=self._ctrl)
 
-    def _round(self, msg: tuple[Any, ...]) -> list[Any]:
-        """Every rank (this one too) answers ``msg``; replies in the local pool's ``("result", dict)`` shape."""
+    def _round(self, cmd: RunTrial | ProfileSegments | MeasureLink) -> list[Reply]:
+        """Every rank (this one too) answers ``cmd``."""
         import torch.distributed as dist
-
-        from pipeline.worker import handle
 
         self.start()
-        self._send(msg)
-        mine = handle(self._state, msg)
+        assert self._state is not None
+        self._send(cmd)
+        mine = handle(self._state, cmd)
         replies: list[Any] = [None] * self.stages
         dist.gather_object(mine, replies, dst=0, group=self._ctrl)
-        return [("result", r) for r in replies]
+        return replies
 
     def run(self, plan: SplitPlan, *, repeats: int = 3, warmup: int = 1, timeout_s: float = 900.0,
             serial_all: bool = True, serial: bool = True, trace_dir: str | None = None) -> TrialResult:
         """One real trial on the torchrun ranks (``timeout_s`` is the process group's own timeout here)."""
-        from pipeline.pool import check_trial_args, result_from_replies, trial_opts
-
-        check_trial_args(plan, self.stages, self.device, repeats, warmup)
+        opts = TrialOptions(repeats=repeats, warmup=warmup, serial_all=serial_all, serial=serial, trace_dir=trace_dir)
+        check_trial_args(plan, self.stages, self.device, opts)
         t = time.perf_counter()
-        plan_dict = plan.to_dict()
-        replies = self._round(("trial", plan_dict, trial_opts(repeats, warmup, serial_all, serial, trace_dir)))
-        result, broken = result_from_replies(plan_dict, replies, time.perf_counter() - t)
+        replies = self._round(RunTrial(plan=plan, options=opts))
+        result, broken = result_from_replies(plan, replies, time.perf_counter() - t)
         if broken:
             raise PipesplitError(f"a torchrun rank failed mid-trial and cannot be restarted from inside the job: "
                                  f"{result.reason}; finished trials are kept, run the command again to resume")
         return result
 
-    def _command(self, msg: tuple[Any, ...], what: str) -> list[dict[str, Any]]:
-        replies = [r[1] for r in self._round(msg)]
-        bad = [r for r in replies if r.get("error")]
+    def _command(self, cmd: ProfileSegments | MeasureLink, what: str) -> list[Reply]:
+        replies = self._round(cmd)
+        bad = [r for r in replies if isinstance(r, ErrorReply)]
         if bad:
-            raise PipesplitError(f"could not {what}: {bad[0]['error']}")
+            raise PipesplitError(f"could not {what}: {bad[0].error}")
         return replies
 
     def measure_link(self, sizes: list[int], repeats: int = 5, timeout_s: float = 300.0) -> list[tuple[int, float]]:
-        ranks = self._command(("link", list(sizes), repeats), "measure the link")
-        return [(int(b), float(t)) for b, t in ranks[0]["link"]]
+        return link_samples(self._command(MeasureLink(sizes=tuple(sizes), repeats=repeats), "measure the link"))
 
-    def profile(self, spec: Any, granularity: str, micro: list[int], repeats: int, warmup: int,
-                timeout_s: float = 3600.0) -> list[dict[str, Any]]:
-        return self._command(("profile", spec.to_dict(), granularity, list(micro), repeats, warmup),
-                             "profile in the stage workers")
+    def profile(self, spec: ModelSpec, granularity: str, micro: list[int], repeats: int, warmup: int,
+                timeout_s: float = 3600.0) -> list[SegmentReply]:
+        cmd = ProfileSegments(spec=spec, granularity=granularity, micro=tuple(micro), repeats=repeats, warmup=warmup)
+        return [r for r in self._command(cmd, "profile in the stage workers") if isinstance(r, SegmentReply)]
 
     def restart(self) -> None:
         raise PipesplitError("torchrun ranks cannot be restarted from inside the job: run the command again")
@@ -181,7 +148,7 @@ class RankPool:
         import torch.distributed as dist
 
         try:
-            self._send(("stop", code))
+            self._send(Stop(code=code))
             dist.destroy_process_group()
         except Exception:  # noqa: BLE001 - a broken group is being left anyway
             pass
@@ -193,12 +160,9 @@ def follow(device: str, threads: int | None, group_timeout_s: float = 600.0) -> 
     import torch
     import torch.distributed as dist
 
-    from pipeline.pool import default_threads
-    from pipeline.worker import handle, join_group
-
     env = torchrun_env()
     assert env is not None
-    _check_cuda(env, device)
+    check_device(device, env.world_size)
     threads = threads or default_threads(env.local_world_size)
     state = join_group(env.rank, _config(env, device, threads, group_timeout_s))
     ctrl = _control_group()
@@ -206,15 +170,15 @@ def follow(device: str, threads: int | None, group_timeout_s: float = 600.0) -> 
     while True:
         box: list[Any] = [None]
         dist.broadcast_object_list(box, src=0, group=ctrl)
-        msg = box[0]
-        if msg[0] == "stop":
-            code = int(msg[1]) if len(msg) > 1 else 0
+        cmd = box[0]
+        if isinstance(cmd, Stop):
+            code = cmd.code
             break
-        if msg[0] == "config":  # the driver's resolved settings, so that every rank runs alike
+        if isinstance(cmd, Configure):  # the driver's resolved settings, so that every rank runs alike
             if device == "cpu":
-                torch.set_num_threads(int(msg[1]))
+                torch.set_num_threads(cmd.threads)
             continue
-        dist.gather_object(handle(state, msg), None, dst=0, group=ctrl)
+        dist.gather_object(handle(state, cmd), None, dst=0, group=ctrl)
     try:
         dist.destroy_process_group()
     except Exception:  # noqa: BLE001
@@ -222,37 +186,34 @@ def follow(device: str, threads: int | None, group_timeout_s: float = 600.0) -> 
     return code
 
 
-def open_pool(stages: int, *, device: str = "cpu", threads_per_stage: int | None = None, quiet: bool = False) -> Any:
+def open_pool(stages: int, *, device: str = "cpu", threads_per_stage: int | None = None, quiet: bool = False) -> Pool:
     """The stage pool for this process: the torchrun ranks when launched by torchrun, else local workers."""
-    from pipeline.pool import StagePool
-
     if torchrun_env() is not None:
         return RankPool(stages, device=device, threads_per_stage=threads_per_stage, quiet=quiet)
     return StagePool(stages, device=device, threads_per_stage=threads_per_stage, quiet=quiet)
 
 
-def follower_exit(args: Any) -> int | None:
+def follower_exit(device: str | None = None, threads_per_stage: int | None = None) -> int | None:
     """Under torchrun, ranks other than 0 follow rank 0 and return their exit code; rank 0 (or no torchrun)
     gets None and runs the command. Followers print nothing: rank 0 speaks for the job."""
     env = torchrun_env()
     if env is None or env.rank == 0:
         return None
     try:
-        return follow(args.device or "cpu", args.threads_per_stage)
+        return follow(device or "cpu", threads_per_stage)
     except PipesplitError as e:
         print(f"error: rank {env.rank}: {e}", file=sys.stderr)
         return 2
 
 
-def release_followers(args: Any, code: int = 2) -> None:
+def release_followers(device: str | None = None, threads_per_stage: int | None = None, code: int = 2) -> None:
     """Rank 0 is stopping before it started a pool (bad input, say): let the followers, which wait to join
     the group, join and leave at once with the same exit code, instead of waiting for the group timeout."""
     env = torchrun_env()
     if env is None or env.rank != 0 or _JOINED:
         return
     try:
-        pool = RankPool(env.world_size, device=args.device or "cpu", threads_per_stage=args.threads_per_stage,
-                        quiet=True)
+        pool = RankPool(env.world_size, device=device or "cpu", threads_per_stage=threads_per_stage, quiet=True)
         pool.start()
         pool.close(code)
     except Exception:  # noqa: BLE001 - best effort: the followers time out otherwise

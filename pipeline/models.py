@@ -9,8 +9,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from pipeline.errors import PipesplitError
-from pipeline.spec import ModelSpec
+from pipeline.core.errors import PipesplitError
+from pipeline.core.spec import ModelSpec
 
 
 def _check_name(name: str) -> None:

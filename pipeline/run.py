@@ -7,12 +7,13 @@ import dataclasses
 import sys
 from collections.abc import Sequence
 
-from costmodel.policies import POLICIES, balanced_cuts, equal_size_cuts, uniform_cuts
-from pipeline.candidates import Candidates
+from dataclasses import dataclass
+
 from pipeline.cli import MODEL_FLAGS, add_model_args, add_runtime_args, spec_from_args
-from pipeline.errors import PipesplitError
-from pipeline.plan import SplitPlan, SplitPoint
-from pipeline.result import TrialResult
+from pipeline.core.errors import PipesplitError
+from pipeline.core.plan import SplitPlan, SplitPoint
+from pipeline.core.policies import ALIASES, POLICIES
+from pipeline.core.result import TrialResult
 
 EXAMPLES = """\
 examples:
@@ -33,19 +34,37 @@ examples:
 """
 
 
-def policy_points(cands: Candidates, policy: str, stages: int) -> tuple[SplitPoint, ...]:
-    """Split points that a reference policy picks for ``stages`` stages."""
-    try:
-        if policy == "equal-size":
-            cuts = equal_size_cuts([n for _, n in cands.units], stages)
-            return tuple(SplitPoint(cands.units[i][0], "BEGINNING") for i in cuts)
-        if policy == "uniform":
-            return cands.plan_points(uniform_cuts(len(cands.blocks), stages))
-        if policy == "params":
-            return cands.plan_points(balanced_cuts(cands.segment_params(), stages))
-    except ValueError as e:
-        raise PipesplitError(f"policy {policy} cannot split into {stages} stages: {e}") from None
-    raise PipesplitError(f"policy {policy!r} is unknown: use one of {', '.join(POLICIES)}")
+@dataclass(frozen=True, kw_only=True)
+class RunConfig:
+    """How ``run_plan`` measures one plan."""
+
+    repeats: int = 3
+    """Timed repeats, serial and pipeline interleaved."""
+    warmup: int = 1
+    """Untimed pipeline runs before timing."""
+    timeout_s: float = 900.0
+    """Seconds before a trial counts as hung."""
+    serial_all: bool = True
+    """Also time the serial model on all the pipeline's threads."""
+    trace_dir: str | None = None
+    """One more run under torch.profiler, a chrome trace per rank here."""
+
+    def __post_init__(self) -> None:
+        if self.repeats < 1:
+            raise PipesplitError(f"--repeats must be at least 1 (got {self.repeats})")
+        if self.warmup < 0:
+            raise PipesplitError(f"--warmup must be 0 or more (got {self.warmup})")
+        if not self.timeout_s > 0:
+            raise PipesplitError(f"--timeout must be a positive number of seconds (got {self.timeout_s})")
+
+
+def run_plan(plan: SplitPlan, cfg: RunConfig) -> TrialResult:
+    """Measure ``plan`` once on a fresh pool (the torchrun ranks under torchrun)."""
+    from pipeline.launch import open_pool
+
+    with open_pool(plan.stages, device=plan.device, threads_per_stage=plan.threads_per_stage) as pool:
+        return pool.run(plan, repeats=cfg.repeats, warmup=cfg.warmup, timeout_s=cfg.timeout_s,
+                        serial_all=cfg.serial_all, trace_dir=cfg.trace_dir)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -61,9 +80,10 @@ def _parser() -> argparse.ArgumentParser:
     add_runtime_args(p)
     g = p.add_argument_group("plan (without --split)")
     g.add_argument("--stages", type=int, default=None, help="number of stages (with --policy)")
-    g.add_argument("--policy", choices=POLICIES, default=None,
-                   help="equal-size: PiPPy's split_into_equal_size (parameters, greedy); uniform: equal block "
-                   "counts; params: parameter-balanced (DeepSpeed 'parameters')")
+    runnable = [n for n, pol in POLICIES.items() if not pol.needs_profile]
+    g.add_argument("--policy", choices=[*runnable, *ALIASES], default=None, metavar="NAME",
+                   help="a reference policy: " + "; ".join(f"{n}: {POLICIES[n].summary}" for n in runnable)
+                   + "; aliases: " + ", ".join(f"{a} = {n}" for a, n in ALIASES.items()))
     g.add_argument("--split-points", default=None, metavar="FQN,...",
                    help="comma-separated module FQNs to cut before (append :END to cut after), in execution order")
     g.add_argument("--chunks", type=int, default=None, help="microbatches per batch (default 1); must divide the batch")
@@ -84,8 +104,8 @@ def _parser() -> argparse.ArgumentParser:
 def plan_from_args(args: argparse.Namespace) -> SplitPlan:
     """The plan that the flags describe, validated against the model's real execution order."""
     from pipeline.candidates import find_candidates
+    from pipeline.hosts import default_threads, resolve_device
     from pipeline.models import build_model
-    from pipeline.pool import default_threads, resolve_device
 
     if args.split:
         given = [f"--{f.replace('_', '-')}" for f in MODEL_FLAGS if getattr(args, f) is not None]
@@ -106,14 +126,8 @@ def plan_from_args(args: argparse.Namespace) -> SplitPlan:
     if args.policy:
         if args.stages is None:
             raise PipesplitError("--policy needs --stages N")
-        if args.stages < 2:
-            raise PipesplitError(f"--stages must be at least 2 (got {args.stages})")
-        if args.stages > cands.max_stages:
-            raise PipesplitError(
-                f"--stages {args.stages} is too many for {spec.name}: it has {len(cands.cuts)} cut points at "
-                f"{cands.granularity} granularity, so at most {cands.max_stages} stages"
-            )
-        points = policy_points(cands, args.policy, args.stages)
+        cands.check_stages(args.stages, spec.name)
+        points = cands.policy_points(args.policy, args.stages)
     else:
         points = tuple(SplitPoint.parse(t) for t in args.split_points.split(",") if t.strip())
         if args.stages is not None and args.stages != len(points) + 1:
@@ -157,18 +171,19 @@ def format_result(result: TrialResult) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    from pipeline.export import document, write_json
-    from pipeline.launch import follower_exit, open_pool
+    from pipeline.core.atomic import write_json
+    from pipeline.export import document
+    from pipeline.launch import follower_exit
 
     try:
-        code = follower_exit(args)  # under torchrun, ranks > 0 follow rank 0, which runs the plan
+        code = follower_exit(args.device, args.threads_per_stage)  # under torchrun, ranks > 0 follow rank 0
         if code is not None:
             return code
+        cfg = RunConfig(repeats=args.repeats, warmup=args.warmup, timeout_s=args.timeout,
+                        serial_all=not args.no_serial_all, trace_dir=args.profile)
         plan = plan_from_args(args)
         print(f"plan: {plan.describe()}, {plan.threads_per_stage} thread(s)/stage on {plan.device}", flush=True)
-        with open_pool(plan.stages, device=plan.device, threads_per_stage=plan.threads_per_stage) as pool:
-            result = pool.run(plan, repeats=args.repeats, warmup=args.warmup, timeout_s=args.timeout,
-                              serial_all=not args.no_serial_all, trace_dir=args.profile)
+        result = run_plan(plan, cfg)
         print(format_result(result))
         for t in result.traces:
             print(f"wrote {t}")
@@ -185,7 +200,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         from pipeline.launch import release_followers
 
-        release_followers(args)
+        release_followers(args.device, args.threads_per_stage)
         return 2
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)

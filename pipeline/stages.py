@@ -10,7 +10,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from pipeline.plan import SplitPlan
+from pipeline.core.plan import SplitPlan
 
 
 @dataclass
@@ -20,7 +20,6 @@ class BuiltStage:
     module: nn.Module
     """The stage's own submodule, hooked to time compute."""
     step: Callable[[torch.Tensor | None], Any]
-    num_stages: int
     runtime: Any = None
     """The runtime object that sends and receives (torchpippy's PipelineStage; the schedule for torch)."""
 
@@ -58,7 +57,7 @@ def _fresh_with_cuts(model: nn.Module, plan: SplitPlan) -> nn.Module:
     return fresh
 
 
-def _use_codegen(module: nn.Module) -> None:
+def use_codegen(module: nn.Module) -> None:
     """Run unflattened stage modules as generated code, not node by node through ``fx.Interpreter``.
 
     torch's unflatten builds ``InterpreterModule``s that interpret their graph in Python by default; on a
@@ -82,14 +81,14 @@ def _build_torch(plan: SplitPlan, model: nn.Module, x: torch.Tensor, rank: int, 
         raise RuntimeError(f"tracing produced {pipe.num_stages} stages, the plan has {plan.stages}")
     stage = pipe.build_stage(rank, device, group)
     del pipe
-    _use_codegen(stage.submod)
+    use_codegen(stage.submod)
     schedule = get_schedule_class(plan.schedule)(stage, n_microbatches=plan.chunks)
 
     def step(inp: torch.Tensor | None) -> Any:
         return schedule.step(inp) if rank == 0 else schedule.step()
 
     stage.submod.register_forward_hook(_contiguous)
-    return BuiltStage(module=stage.submod, step=step, num_stages=plan.stages, runtime=schedule)
+    return BuiltStage(module=stage.submod, step=step, runtime=schedule)
 
 
 def _build_pippy(plan: SplitPlan, model: nn.Module, x: torch.Tensor, rank: int, device: torch.device,
@@ -110,7 +109,7 @@ def _build_pippy(plan: SplitPlan, model: nn.Module, x: torch.Tensor, rank: int, 
         return stage(inp) if rank == 0 else stage()
 
     stage.submod.register_forward_hook(_contiguous)
-    return BuiltStage(module=stage.submod, step=step, num_stages=plan.stages, runtime=stage)
+    return BuiltStage(module=stage.submod, step=step, runtime=stage)
 
 
 def build_stage(plan: SplitPlan, model: nn.Module, x: torch.Tensor, rank: int, device: torch.device,

@@ -154,6 +154,6 @@ def render(timeline: Timeline, path: str | Path, title: str = "") -> Path:
               frameon=False)
     ax.grid(axis="x", alpha=0.3)
     fig.tight_layout()
-    from pipeline.export import save_figure
+    from pipeline.core.atomic import save_figure
 
     return save_figure(fig, path)

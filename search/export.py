@@ -9,22 +9,25 @@ from typing import Any
 
 import optuna
 
-from pipeline.export import measured as measured_dict
-from pipeline.export import provenance, write_json
-from pipeline.plan import SplitPlan
+from pipeline.core.atomic import write_json, write_text, write_with
+from pipeline.core.plan import SplitPlan
+from pipeline.export import provenance
+from search.confirm import Confirmation
+from search.coordination import MEASURED
+from search.objective import SearchContext
 
 
 def _fmt(x: Any, spec: str = ".2f") -> str:
     return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else format(x, spec)
 
 
-def summary_rows(study: optuna.Study, confirmation: dict[str, Any] | None) -> list[dict[str, Any]]:
+def summary_rows(study: optuna.Study, confirmation: Confirmation | None) -> list[dict[str, Any]]:
     """One row per reference source and for the declared best: where it cut, predicted and measured."""
-    confirmed = {r["trial"]: r for r in (confirmation or {}).get("plans", [])}
+    confirmed = {r.trial: r for r in (confirmation.plans if confirmation else ())}
     rows = []
-    best_no = (confirmation or {}).get("best_trial")
+    best_no = confirmation.best_trial if confirmation else None
     for t in study.get_trials(deepcopy=False):
-        if not t.user_attrs.get("measured"):
+        if not t.user_attrs.get(MEASURED):
             continue
         src = str(t.user_attrs.get("source", "tpe"))
         if src == "tpe" and t.number != best_no:
@@ -35,7 +38,7 @@ def summary_rows(study: optuna.Study, confirmation: dict[str, Any] | None) -> li
             "source": src, "trial": t.number, "split_points": t.user_attrs.get("split_points"),
             "chunks": t.user_attrs.get("chunks"), "predicted": t.user_attrs.get("predicted_speedup"),
             "measured": t.value if t.state == optuna.trial.TrialState.COMPLETE else None,
-            "confirmed": c["median"] if c else None,
+            "confirmed": c.median if c else None,
             "failed": t.user_attrs.get("fail_reason"),
         })
     rows.sort(key=lambda r: (r["role"] != "BEST", -(r["confirmed"] or r["measured"] or 0)))
@@ -53,31 +56,30 @@ def summary_table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(out)
 
 
-def export(study: optuna.Study, search: Any, outdir: Path, *, confirmation: dict[str, Any] | None,
+def export(study: optuna.Study, ctx: SearchContext, outdir: Path, *, confirmation: Confirmation | None,
            out: str | None, storage_url: str) -> list[Path]:
-    outdir.mkdir(parents=True, exist_ok=True)
+    """best_split.json (the confirmed best, or the best measured), trials.csv and summary.md."""
     paths = []
-    best_no = (confirmation or {}).get("best_trial")
+    best_no = confirmation.best_trial if confirmation else None
     if best_no is None:
-        fallback = search.best_measured()
+        fallback = ctx.best_measured()
         best_no = fallback.number if fallback else None
     if best_no is not None:
         t = study.trials[best_no]
         plan = SplitPlan.from_dict(t.user_attrs["plan"])
-        result = search.results.get(-1) if confirmation and confirmation.get("best_trial") == best_no else None
-        result = result or search.results.get(best_no)
-        meas = measured_dict(result) if result is not None else {
-            "ok": True, "speedup": t.value, "speedup_spread": t.user_attrs.get("speedup_spread"),
-            "serial_s": t.user_attrs.get("serial_s"), "pipeline_s": t.user_attrs.get("pipeline_s"),
-            "stage_compute_s": t.user_attrs.get("stage_compute_s"), "stage_comm_s": t.user_attrs.get("stage_comm_s"),
-            "boundary_bytes": t.user_attrs.get("boundary_bytes"), "max_abs_diff": t.user_attrs.get("max_abs_diff")}
-        row = next((r for r in (confirmation or {}).get("plans", []) if r["trial"] == best_no), None)
-        if row and row["speedups"]:
-            meas["speedup"] = row["median"]
-            meas["speedup_spread"] = row["spread"]
-            meas["confirmation_speedups"] = row["speedups"]
+        result = confirmation.best_result if confirmation and confirmation.best_trial == best_no else None
+        result = result or ctx.results.get(best_no)
+        meas = result.measured() if result is not None else {
+            "ok": True, "speedup": t.value, **{k: t.user_attrs.get(k) for k in (
+                "speedup_spread", "serial_s", "pipeline_s", "stage_compute_s", "stage_comm_s", "boundary_bytes",
+                "peak_mem_bytes", "max_abs_diff")}}
+        row = confirmation.row(best_no) if confirmation else None
+        if row and row.speedups:
+            meas["speedup"] = row.median
+            meas["speedup_spread"] = list(row.spread)
+            meas["confirmation_speedups"] = list(row.speedups)
         meas["search_speedup"] = t.value
-        meas["confirmed"] = bool(row and row["speedups"])
+        meas["confirmed"] = bool(row and row.speedups)
         predicted = {k: t.user_attrs.get(a) for k, a in
                      (("speedup", "predicted_speedup"), ("makespan_s", "predicted_s"),
                       ("bubble_fraction", "predicted_bubble"))}
@@ -89,41 +91,33 @@ def export(study: optuna.Study, search: Any, outdir: Path, *, confirmation: dict
         paths.append(best_path)
     df = study.trials_dataframe(attrs=("number", "value", "state", "params", "user_attrs", "datetime_start",
                                        "duration"))
-    csv = outdir / "trials.csv"
-    tmp = csv.with_suffix(".csv.tmp")
-    df.to_csv(tmp, index=False)
-    tmp.replace(csv)
-    paths.append(csv)
+    paths.append(write_with(outdir / "trials.csv", lambda tmp: df.to_csv(tmp, index=False)))
     rows = summary_rows(study, confirmation)
     table = summary_table(rows)
-    measured_n = sum(1 for t in study.trials if t.user_attrs.get("measured"))
+    measured_n = sum(1 for t in study.trials if t.user_attrs.get(MEASURED))
     text = (f"# {study.study_name}\n\n{measured_n} measured trials, {len(study.trials)} in all "
             f"(the rest were pruned by the cost model, infeasible, or repeats of a measured plan).\n"
             "Speedup = serial model on one stage's threads / pipeline, median over repeats; "
             "'confirmed' is the median of the interleaved confirmation round.\n\n" + table + "\n")
-    (outdir / "summary.md").write_text(text)
-    paths.append(outdir / "summary.md")
+    paths.append(write_text(outdir / "summary.md", text))
     print(table)
     return paths
 
 
-def timeline_runs(confirmation: dict[str, Any] | None) -> list[tuple[str, int, Any, dict[str, Any]]]:
-    """(role, trial, Timeline, detail) of the confirmed best plan and PiPPy's equal-size plan, from the
+def timeline_runs(confirmation: Confirmation | None) -> list[tuple[str, int, Any, Any]]:
+    """(role, trial, Timeline, Confirmed) of the confirmed best plan and PiPPy's equal-size plan, from the
     confirmation round as kept in the study (``search.sweep`` reads the same)."""
-    from pipeline.timeline import Timeline
-
-    plans = (confirmation or {}).get("plans", [])
-    pippy = next((r["trial"] for r in plans if "pippy-equal-size" in str(r["source"])), None)
+    if confirmation is None:
+        return []
     out = []
-    for role, number in (("best", (confirmation or {}).get("best_trial")), ("pippy", pippy)):
-        row = next((r for r in plans if r["trial"] == number), None)
-        detail = (row or {}).get("detail") or {}
-        if number is not None and detail.get("timeline"):
-            out.append((role, number, Timeline.from_dict(detail["timeline"]), detail))
+    for role, row in (("best", confirmation.row(confirmation.best_trial)), ("pippy", confirmation.pippy)):
+        tl = row.timeline if row is not None else None
+        if row is not None and tl is not None:
+            out.append((role, row.trial, tl, row))
     return out
 
 
-def export_timelines(study: optuna.Study, outdir: Path, confirmation: dict[str, Any] | None,
+def export_timelines(study: optuna.Study, outdir: Path, confirmation: Confirmation | None,
                      artifacts: Any = None) -> list[Path]:
     """Measured Gantt charts of the confirmed best plan and of PiPPy's equal-size plan (PNG + spans JSON),
     uploaded to the study as artifacts when a store is given."""
@@ -131,11 +125,10 @@ def export_timelines(study: optuna.Study, outdir: Path, confirmation: dict[str, 
 
     paths: list[Path] = []
     spans: dict[str, Any] = {}
-    for role, number, tl, detail in timeline_runs(confirmation):
-        plan = SplitPlan.from_dict(detail["plan"])
+    for role, number, tl, row in timeline_runs(confirmation):
         label = "best plan" if role == "best" else "PiPPy equal-size"
         path = render(tl, outdir / f"timeline_{role}.png",
-                      title=f"{label} (trial {number}): {plan.describe()} - {detail['speedup']:.2f}x")
+                      title=f"{label} (trial {number}): {row.plan.describe()} - {row.detail['speedup']:.2f}x")
         spans[role] = {"trial": number, **tl.to_dict()}
         paths.append(path)
         if artifacts is not None:

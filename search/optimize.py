@@ -12,11 +12,16 @@ import argparse
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from pipeline.errors import PipesplitError
+from pipeline.core.errors import PipesplitError
+from pipeline.core.plan import SplitPlan
+from search.config import DEFAULT_STORAGE, SearchConfig, default_study_name
+from search.confirm import Confirmation
+from search.coordination import others_running
+from search.objective import SearchContext
 
 EXAMPLES = """\
 examples:
@@ -34,9 +39,6 @@ examples:
       -m search.optimize --stages 2 --storage postgresql://user@db/pipesplit
   optuna-dashboard sqlite:///results/optuna.db --artifact-dir results/artifacts   # the study in a browser
 """
-
-DEFAULT_STORAGE = "sqlite:///results/optuna.db"
-
 
 def _parser() -> argparse.ArgumentParser:
     return build_parser("python -m search.optimize", __doc__ or "", EXAMPLES)
@@ -93,167 +95,140 @@ def add_output_args(p: argparse.ArgumentParser) -> None:
     o.add_argument("--no-artifacts", action="store_true", help="do not upload timelines as Optuna artifacts")
 
 
-def default_study_name(model: str, stages: int, batch: int, device: str, granularity: str) -> str:
-    name = f"{model}-s{stages}-b{batch}-{device}"
-    return name if granularity == "block" else f"{name}-{granularity}"
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    try:
-        from pipeline.launch import follower_exit
+    from pipeline.launch import follower_exit, release_followers
 
-        code = follower_exit(args)  # under torchrun, ranks > 0 follow rank 0, which runs the search
+    try:
+        code = follower_exit(args.device, args.threads_per_stage)  # under torchrun, ranks > 0 follow rank 0
         if code is not None:
             return code
-        return _run(args)
+        run = run_study(SearchConfig.from_args(args, args.stages))
     except PipesplitError as e:
         print(f"error: {e}", file=sys.stderr)
-        from pipeline.launch import release_followers
-
-        release_followers(args)
+        release_followers(args.device, args.threads_per_stage)
         return 2
+    for p in run.paths:
+        print(f"wrote {p}")
+    return 130 if run.interrupted else 0
 
 
-@dataclass
+@dataclass(frozen=True, kw_only=True)
 class StudyRun:
     """What one search left behind, for the caller to report on (``search.sweep`` reads all of it)."""
 
     study: Any
-    search: Any
-    confirmation: dict[str, Any] | None
+    context: SearchContext
+    confirmation: Confirmation | None
     outdir: Path
     paths: list[Path]
     interrupted: bool
     storage_url: str
 
 
-def _run(args: argparse.Namespace) -> int:
-    run = run_study(args, args.stages)
-    for p in run.paths:
-        print(f"wrote {p}")
-    return 130 if run.interrupted else 0
-
-
-def run_study(args: argparse.Namespace, stages: int, *, references: bool = False) -> StudyRun:
-    """Run or resume the study for ``stages`` stages, confirm, export; ``references`` confirms every
+def run_study(cfg: SearchConfig, *, references: bool = False) -> StudyRun:
+    """Run or resume the study ``cfg`` describes, confirm, export; ``references`` confirms every
     reference policy beside the best (``search.sweep``)."""
     import optuna
 
     from costmodel.profile import load_or_profile
     from pipeline.candidates import find_candidates
-    from pipeline.cli import spec_from_args
-    from pipeline.models import build_model
+    from pipeline.hosts import default_threads, resolve_device
     from pipeline.launch import open_pool
-    from pipeline.pool import default_threads, resolve_device
-    from search.runner import Search, trial_repeats
+    from pipeline.models import build_model
+    from search.confirm import confirm
+    from search.export import export, export_timelines
+    from search.runner import run_loop, seed_count, seed_study, trial_repeats
     from search.space import feasible_chunks
     from search.storage import open_storage
 
-    if stages < 2:
-        raise PipesplitError(f"--stages must be at least 2 (got {stages})")
-    for flag in ("repeats", "confirm_rounds"):
-        if getattr(args, flag) < 1:
-            raise PipesplitError(f"--{flag.replace('_', '-')} must be at least 1 (got {getattr(args, flag)})")
-    if not args.min_trial_seconds >= 0:
-        raise PipesplitError(f"--min-trial-seconds must be 0 or more (got {args.min_trial_seconds})")
-    if args.trials is not None and args.trials < 1:
-        raise PipesplitError(f"--trials must be at least 1 (got {args.trials})")
-    try:
-        wanted = [int(c) for c in args.chunks.split(",") if c.strip()]
-    except ValueError:
-        raise PipesplitError(f"--chunks {args.chunks!r} must be comma-separated integers, e.g. 1,4,16") from None
-    device = resolve_device(args.device or "cpu", stages)
-    storage = open_storage(args.storage)
-    spec = spec_from_args(args)
-    chunks = feasible_chunks(spec.batch_size, wanted)
+    device = resolve_device(cfg.device, cfg.stages)
+    storage = open_storage(cfg.storage)
+    spec = cfg.model.resolve()
+    chunks = feasible_chunks(spec.batch_size, cfg.chunks)
     if not chunks:
-        raise PipesplitError(f"none of --chunks {args.chunks} divides batch size {spec.batch_size}: "
+        raise PipesplitError(f"none of --chunks {cfg.chunks_text} divides batch size {spec.batch_size}: "
                              f"use divisors such as 1,2,4")
-    cands = find_candidates(build_model(spec), spec, args.granularity)
-    if stages > cands.max_stages:
-        raise PipesplitError(f"--stages {stages} is too many for {spec.name}: it has {len(cands.cuts)} cut "
-                             f"points at {cands.granularity} granularity, so at most {cands.max_stages} stages")
-    threads = args.threads_per_stage or default_threads(stages)
-    trials = args.trials or (12 if stages == 2 else 14)
-    name = getattr(args, "study_name", None) or default_study_name(spec.name, stages, spec.batch_size, device, args.granularity)
-    outdir = Path(args.results_dir) / name
+    granularity = cfg.model.granularity
+    cands = find_candidates(build_model(spec), spec, granularity)
+    cands.check_stages(cfg.stages, spec.name)
+    stages = cfg.stages
+    threads = cfg.threads_per_stage or default_threads(stages)
+    trials = cfg.trials or (12 if stages == 2 else 14)
+    name = cfg.study_name or default_study_name(spec.name, stages, spec.batch_size, device, granularity)
+    outdir = Path(cfg.results_dir) / name
     artifacts = None
-    if not args.no_artifacts:
+    if cfg.artifacts:
         from optuna.artifacts import FileSystemArtifactStore
 
-        art_dir = Path(args.artifact_dir or Path(args.results_dir) / "artifacts")
+        art_dir = Path(cfg.artifact_dir or Path(cfg.results_dir) / "artifacts")
         art_dir.mkdir(parents=True, exist_ok=True)
         artifacts = FileSystemArtifactStore(art_dir)
-    config = {"model": spec.key, "stages": stages, "granularity": args.granularity, "device": device,
-              "threads_per_stage": threads, "backend": args.backend or "torch", "schedule": args.schedule or "GPipe"}
+    config = {"model": spec.key, "stages": stages, "granularity": granularity, "device": device,
+              "threads_per_stage": threads, "backend": cfg.backend, "schedule": cfg.schedule}
     # failed trials are reported in one line by the search loop, not with optuna's traceback
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     study = optuna.create_study(study_name=name, storage=storage, direction="maximize", load_if_exists=True,
-                                sampler=optuna.samplers.TPESampler(seed=args.seed, multivariate=True,
+                                sampler=optuna.samplers.TPESampler(seed=cfg.model.seed, multivariate=True,
                                                                    n_startup_trials=4))
     old = study.user_attrs.get("config")
     if old is not None and old != config:
         diff = [k for k in config if old.get(k) != config[k]]
-        raise PipesplitError(f"study {name!r} in {args.storage} was run with other settings ({', '.join(diff)}): "
+        raise PipesplitError(f"study {name!r} in {cfg.storage} was run with other settings ({', '.join(diff)}): "
                              "pass --study-name to start a new study, or the same flags to resume it")
     study.set_user_attr("config", config)
     study.set_user_attr("model_spec", spec.to_dict())
     extra: list[Path] = []
+    confirmation = None
+    interrupted = False
     with open_pool(stages, device=device, threads_per_stage=threads) as pool:
-        prof, cached = load_or_profile(spec, device=device, threads=threads, granularity=args.granularity,
+        prof, cached = load_or_profile(spec, device=device, threads=threads, granularity=granularity,
                                        micro_sizes=[spec.batch_size // c for c in chunks],
-                                       root=Path(args.results_dir) / "profiles", concurrency=stages, repeats=2,
+                                       root=Path(cfg.results_dir) / "profiles", concurrency=stages, repeats=2,
                                        pool=pool)
         study.set_user_attr("segments", [seg.fqn for seg in prof.segments])
         serial_s = sum(seg.latency(spec.batch_size) for seg in prof.segments)
-        repeats = trial_repeats(args.repeats, serial_s, args.min_trial_seconds)
-        print(f"study {name} in {args.storage}: {len(cands.cuts)} cut points, chunks {chunks}, "
+        repeats = trial_repeats(cfg.repeats, serial_s, cfg.min_trial_seconds)
+        print(f"study {name} in {cfg.storage}: {len(cands.cuts)} cut points, chunks {chunks}, "
               f"{threads} thread(s)/stage, {repeats} repeats per trial; profile "
               f"{'from cache' if cached else 'measured'}", flush=True)
         started = time.monotonic()
-        search = Search(study=study, pool=pool, profile=prof, cands=cands, spec=spec, stages=stages,
-                        chunks=chunks, threads=threads, backend=args.backend or "torch",
-                        schedule=args.schedule or "GPipe", device=device, repeats=repeats,
-                        trial_timeout=args.trial_timeout, prune=not args.no_prune, progress=not args.no_progress,
-                        artifacts=artifacts)
-        interrupted = False
+        ctx = SearchContext(study=study, pool=pool, profile=prof, cands=cands, spec=spec, stages=stages,
+                            chunks=tuple(chunks), threads=threads, backend=cfg.backend, schedule=cfg.schedule,
+                            device=device, repeats=repeats, trial_timeout_s=cfg.trial_timeout_s, prune=cfg.prune,
+                            progress=cfg.progress, artifacts=artifacts, budget=trials)
         try:
-            search.seed_study()
+            seed_study(ctx)
             if references:  # every reference policy is measured, however few trials were asked for
-                trials = max(trials, search.seed_count())
-            search.optimize(trials, timeout=args.timeout, started=started)
-            busy = search.others_running()
+                trials = max(trials, seed_count(study))
+                ctx = replace(ctx, budget=trials)
+            run_loop(ctx, trials, timeout=cfg.timeout_s, started=started)
+            busy = others_running(study)
             if busy:  # the last worker to finish confirms, so that confirmation runs are not timed side by side
                 print(f"other workers are still measuring trials {busy}: the last one to finish confirms")
-                confirmation = None
             else:
-                confirmation = search.confirm(args.confirm_top, args.confirm_rounds, references=references)
-            if args.profile:
-                extra += _trace_best(search, confirmation, outdir / "traces")
+                confirmation = confirm(study, pool, top=cfg.confirm_top, rounds=cfg.confirm_rounds, repeats=repeats,
+                                       timeout_s=cfg.trial_timeout_s, references=references, progress=cfg.progress)
+            if cfg.trace:
+                extra += _trace_best(ctx, confirmation, outdir / "traces")
         except KeyboardInterrupt:
             interrupted = True
             confirmation = None
             print("\ninterrupted: keeping every finished trial and exporting the best so far", file=sys.stderr)
-    from search.export import export, export_timelines
-
-    paths = export(study, search, outdir, confirmation=confirmation, out=getattr(args, "out", None),
-                   storage_url=args.storage)
+    paths = export(study, ctx, outdir, confirmation=confirmation, out=cfg.out, storage_url=cfg.storage)
     paths += export_timelines(study, outdir, confirmation, artifacts)
-    return StudyRun(study=study, search=search, confirmation=confirmation, outdir=outdir, paths=paths + extra,
-                    interrupted=interrupted, storage_url=args.storage)
+    return StudyRun(study=study, context=ctx, confirmation=confirmation, outdir=outdir, paths=paths + extra,
+                    interrupted=interrupted, storage_url=cfg.storage)
 
 
-def _trace_best(search: Any, confirmation: dict[str, Any] | None, folder: Path) -> list[Path]:
+def _trace_best(ctx: SearchContext, confirmation: Confirmation | None, folder: Path) -> list[Path]:
     """One more run of the confirmed best plan under torch.profiler: a chrome trace per rank."""
-    from pipeline.plan import SplitPlan
-
-    best = (confirmation or {}).get("best_trial")
+    best = confirmation.best_trial if confirmation else None
     if best is None:
         return []
-    plan = SplitPlan.from_dict(search.study.trials[best].user_attrs["plan"])
-    res = search.pool.run(plan, repeats=1, warmup=0, timeout_s=search.trial_timeout, serial_all=False,
-                          trace_dir=str(folder))
+    plan = SplitPlan.from_dict(ctx.study.trials[best].user_attrs["plan"])
+    res = ctx.pool.run(plan, repeats=1, warmup=0, timeout_s=ctx.trial_timeout_s, serial_all=False,
+                       trace_dir=str(folder))
     if not res.ok:
         print(f"warning: the profiled run of the best plan failed: {res.reason}", file=sys.stderr)
         return []

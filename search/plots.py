@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from pipeline.export import save_figure
+from pipeline.core.atomic import save_figure
 from pipeline.timeline import COLORS, Timeline
 from search.report import POLICY_ORDER, PolicyRow
 

@@ -7,8 +7,10 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Any
 
-POLICY_ORDER = ("pippy-equal-size", "uniform", "params-balanced", "time-balanced", "flops-balanced",
-                "costmodel-optimum", "costmodel-next")
+from pipeline.core.policies import PIPPY, POLICIES
+
+POLICY_ORDER = (*POLICIES, "costmodel-optimum", "costmodel-next")
+"""Report order: the reference policies as the registry lists them (PiPPy's first), then the cost model's."""
 
 
 @dataclass(frozen=True)
@@ -152,7 +154,7 @@ def markdown(title: str, rows: list[PolicyRow], *, plots: dict[str, str], meta: 
     for s in counts:
         rs = [r for r in rows if r.stages == s]
         best = next((r for r in rs if r.best), None)
-        pippy = next((r for r in rs if "pippy-equal-size" in r.policies), None)
+        pippy = next((r for r in rs if PIPPY in r.policies), None)
         lines.append(f"## {s} stages (ideal {s}x)")
         lines.append("")
         if best and pippy and best is pippy:

@@ -8,7 +8,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from pipeline.errors import PipesplitError
+from pipeline.core.errors import PipesplitError
 
 JOURNAL_SUFFIXES = (".log", ".jsonl", ".journal")
 SCHEMA_RETRIES = 4

@@ -16,10 +16,11 @@ import statistics
 import sys
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from pipeline.errors import PipesplitError
+from pipeline.core.errors import PipesplitError
 
 EXAMPLES = """\
 examples:
@@ -60,24 +61,23 @@ def _run(args: argparse.Namespace) -> int:
         raise PipesplitError("a sweep needs a different number of processes per stage count: under torchrun, "
                              "run python -m search.optimize --stages <nnodes x nproc-per-node> instead")
     from pipeline.candidates import find_candidates
-    from pipeline.cli import spec_from_args
     from pipeline.models import build_model
+    from search.config import SearchConfig
     from search.optimize import run_study
 
     counts = list(dict.fromkeys(args.stages))
     bad = [s for s in counts if s < 2]
     if bad:
         raise PipesplitError(f"--stages {' '.join(map(str, bad))}: every stage count must be at least 2")
-    spec = spec_from_args(args)
-    cands = find_candidates(build_model(spec), spec, args.granularity)
+    base = SearchConfig.from_args(args, counts[0])
+    if base.trials is None:
+        base = replace(base, trials=SWEEP_TRIALS)
+    spec = base.model.resolve()
+    cands = find_candidates(build_model(spec), spec, base.model.granularity)
     too_many = [s for s in counts if s > cands.max_stages]
     if too_many:
-        raise PipesplitError(f"--stages {' '.join(map(str, too_many))} is too many for {spec.name}: it has "
-                             f"{len(cands.cuts)} cut points at {cands.granularity} granularity, so at most "
-                             f"{cands.max_stages} stages")
-    if args.trials is None:
-        args.trials = SWEEP_TRIALS
-    device = args.device or "cpu"
+        cands.check_stages(too_many[0], spec.name)
+    device = base.device
     name = args.name or f"sweep-{spec.name}-b{spec.batch_size}-{device}"
     outdir = Path(args.results_dir) / name
     studies: dict[int, Any] = {}
@@ -86,7 +86,7 @@ def _run(args: argparse.Namespace) -> int:
     if args.report_only:
         import optuna
 
-        from search.optimize import default_study_name
+        from search.config import default_study_name
         from search.storage import open_storage
 
         db = args.storage.removeprefix("sqlite:///")
@@ -103,9 +103,9 @@ def _run(args: argparse.Namespace) -> int:
     else:
         for s in counts:
             print(f"\n=== {s} stages ===", flush=True)
-            run = run_study(args, s, references=True)
+            run = run_study(replace(base, stages=s), references=True)
             studies[s] = run.study
-            artifacts = run.search.artifacts
+            artifacts = run.context.artifacts
             if run.interrupted:
                 interrupted = True
                 break
@@ -121,27 +121,24 @@ def rows_for(stages: int, study: Any) -> list[Any]:
     whose trial failed."""
     import optuna
 
-    from pipeline.timeline import Timeline
+    from search.confirm import Confirmation
     from search.report import PolicyRow, stage_ranges
 
-    conf = study.user_attrs.get("confirmation") or {}
+    conf = Confirmation.of(study)
+    plans = conf.plans if conf else ()
     segments = list(study.user_attrs.get("segments") or [])
     out = []
-    for r in conf.get("plans", []):
-        detail = r.get("detail") or {}
+    for r in plans:
+        detail = r.detail or {}
         compute = tuple(detail.get("stage_compute_s") or ())
-        send: tuple[float, ...] = ()
-        if detail.get("timeline"):
-            tl = Timeline.from_dict(detail["timeline"])
-            send = tuple(tl.totals(k)["send"] for k in range(tl.stages))
-        pts = list(r["split_points"])
-        out.append(PolicyRow(stages=stages, source=str(r["source"]), trial=int(r["trial"]),
-                             best=r["trial"] == conf.get("best_trial"), split_points=tuple(pts),
-                             stage_ranges=tuple(stage_ranges(pts, segments)), chunks=int(r["chunks"]),
-                             predicted=r.get("predicted_speedup"), measured=float(r["median"]),
-                             spread=(float(r["spread"][0]), float(r["spread"][1])), compute_s=compute,
-                             send_s=send, serial_s=float(detail.get("serial_s", float("nan")))))
-    confirmed = {r["trial"] for r in conf.get("plans", [])}
+        tl = r.timeline
+        send = tuple(tl.totals(k)["send"] for k in range(tl.stages)) if tl is not None else ()
+        pts = list(r.split_points)
+        out.append(PolicyRow(stages=stages, source=r.source, trial=r.trial, best=r.trial == conf.best_trial,
+                             split_points=tuple(pts), stage_ranges=tuple(stage_ranges(pts, segments)),
+                             chunks=r.chunks, predicted=r.predicted_speedup, measured=r.median, spread=r.spread,
+                             compute_s=compute, send_s=send, serial_s=float(detail.get("serial_s", float("nan")))))
+    confirmed = {r.trial for r in plans}
     for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.FAIL,)):
         src = str(t.user_attrs.get("source", "tpe"))
         if src == "tpe" or not t.user_attrs.get("fail_reason") or t.number in confirmed:
@@ -160,10 +157,10 @@ def write_report(studies: dict[int, Any], outdir: Path, *, spec: Any, device: st
     report can be rebuilt at any time (``--report-only``); the plots go to the artifact store too."""
     import optuna
 
-    from pipeline.export import write_json
-    from pipeline.plan import SplitPlan
+    from pipeline.core.atomic import write_json, write_text
     from pipeline.timeline import Timeline, render
     from search import plots
+    from search.confirm import Confirmation
     from search.export import timeline_runs
     from search.report import markdown
 
@@ -177,11 +174,10 @@ def write_report(studies: dict[int, Any], outdir: Path, *, spec: Any, device: st
     made: dict[str, str] = {}
     timelines: dict[str, Timeline] = {}
     for s, study in studies.items():
-        for role, _, tl, detail in timeline_runs(study.user_attrs.get("confirmation")):
+        for role, _, tl, row in timeline_runs(Confirmation.of(study)):
             label = "best" if role == "best" else "PiPPy equal-size"
             key = f"timeline_{role}_s{s}"
-            plan = SplitPlan.from_dict(detail["plan"])
-            render(tl, outdir / f"{key}.png", title=f"{label}: {plan.describe()} - {detail['speedup']:.2f}x")
+            render(tl, outdir / f"{key}.png", title=f"{label}: {row.plan.describe()} - {row.detail['speedup']:.2f}x")
             made[key] = f"{key}.png"
             timelines[f"{s} stages, {label}"] = tl
     if rows:
@@ -198,10 +194,7 @@ def write_report(studies: dict[int, Any], outdir: Path, *, spec: Any, device: st
             "threads": f"{'/'.join(map(str, threads))} thread(s) per stage",
             "date": time.strftime("%Y-%m-%d %H:%M"), "studies": {s: st.study_name for s, st in studies.items()}}
     text = markdown(title, rows, plots=made, meta=meta)
-    report = outdir / "report.md"
-    tmp = report.with_suffix(".md.tmp")
-    tmp.write_text(text)
-    tmp.replace(report)
+    report = write_text(outdir / "report.md", text)
     write_json(outdir / "sweep.json", {"meta": meta, "rows": [r.to_dict() for r in rows],
                                        "predicted_vs_measured": points})
     if artifacts is not None:

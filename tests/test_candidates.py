@@ -2,9 +2,9 @@ import pytest
 import torch
 
 from pipeline.candidates import find_candidates
-from pipeline.errors import PipesplitError
+from pipeline.core.errors import PipesplitError
 from pipeline.models import build_model, example_input, resolve_spec
-from pipeline.plan import SplitPlan, SplitPoint
+from pipeline.core.plan import SplitPlan, SplitPoint
 
 SWIN = {"img_size": 64, "window_size": 2, "depths": (1, 1, 2, 1), "embed_dim": 24, "num_heads": (1, 1, 2, 2)}
 

@@ -8,7 +8,7 @@ import sys
 import optuna
 import pytest
 
-from pipeline.errors import PipesplitError
+from pipeline.core.errors import PipesplitError
 from pipeline.launch import RankPool, follower_exit, torchrun_env
 from tests.conftest import TINY_VIT_ARGS, free_port
 

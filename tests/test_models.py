@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from pipeline.errors import PipesplitError
+from pipeline.core.errors import PipesplitError
 from pipeline.models import build_model, example_input, resolve_spec
 from tests.conftest import TINY_VIT
 

@@ -2,9 +2,9 @@ import json
 
 import pytest
 
-from pipeline.errors import PipesplitError
-from pipeline.plan import SplitPlan, SplitPoint
-from pipeline.spec import ModelSpec
+from pipeline.core.errors import PipesplitError
+from pipeline.core.plan import SplitPlan, SplitPoint
+from pipeline.core.spec import ModelSpec
 
 SPEC = ModelSpec(name="deit_small_patch16_224", batch_size=32)
 

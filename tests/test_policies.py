@@ -5,7 +5,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from costmodel.policies import balanced_cuts, equal_size_cuts, nearest_boundaries, uniform_cuts
+from pipeline.core.policies import balanced_cuts, equal_size_cuts, nearest_boundaries, uniform_cuts
 
 
 def test_uniform_spreads_the_remainder_first():

@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from pipeline.plan import SplitPlan
+from pipeline.core.plan import SplitPlan
 from pipeline.run import main
 from tests.conftest import TINY_VIT_ARGS
 
@@ -66,7 +66,7 @@ def test_policy_run_writes_a_best_split_that_runs_again(tmp_path, capsys):
 
 
 def test_split_with_model_flags_is_refused(tmp_path, capsys, tiny_spec):
-    from pipeline.plan import SplitPoint
+    from pipeline.core.plan import SplitPoint
 
     path = tmp_path / "plan.json"
     SplitPlan(model=tiny_spec, split_points=(SplitPoint("blocks.2"),), chunks=2).save(path)

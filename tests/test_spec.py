@@ -1,7 +1,7 @@
 import pytest
 
-from pipeline.errors import PipesplitError
-from pipeline.spec import ModelSpec
+from pipeline.core.errors import PipesplitError
+from pipeline.core.spec import ModelSpec
 
 
 def test_round_trip_keeps_every_field():

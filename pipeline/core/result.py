@@ -1,10 +1,16 @@
-"""TrialResult: what one real pipeline run measured (or why it failed); JSON in, JSON out."""
+"""TrialResult: what one real pipeline run measured (or why it failed); JSON in, JSON out.
+
+``to_dict`` is the one JSON shape of a result: ``pipeline.run --out``, ``best_split.json``'s
+``measured`` section and the search's trial attributes all take their keys from it.
+"""
 
 from __future__ import annotations
 
 import statistics
 from dataclasses import asdict, dataclass, field
 from typing import Any
+
+from pipeline.core.plan import SplitPlan
 
 RESULT_VERSION = 1
 
@@ -17,8 +23,8 @@ def median(xs: list[float] | tuple[float, ...]) -> float:
 class TrialResult:
     """Per-repeat timings and per-stage breakdown of one plan, measured in one trial."""
 
-    plan: dict[str, Any]
-    """The SplitPlan that ran, as ``SplitPlan.to_dict()``."""
+    plan: SplitPlan
+    """The plan that ran."""
     ok: bool
     reason: str = ""
     """Why the trial failed (empty when ``ok``)."""
@@ -79,18 +85,30 @@ class TrialResult:
         """Driver wall time not spent in the trial's own work (dispatch, pickling, process start-up)."""
         return self.wall_s - self.busy_s
 
-    def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
-        d["version"] = RESULT_VERSION
-        d["speedup"] = self.speedup
-        d["speedup_spread"] = list(self.speedup_spread)
-        d["speedup_all"] = self.speedup_all
+    def measured(self) -> dict[str, Any]:
+        """Everything measured, without the plan: ``best_split.json``'s ``measured`` section.
+
+        ``speedup_all_threads`` and ``serial_all_threads_s`` repeat ``speedup_all`` and ``serial_all_s``
+        under the names that plan files have carried since version 1.
+        """
+        d = {k: v for k, v in asdict(self).items() if k != "plan"}
+        for k in ("events", "comm_events"):
+            d[k] = [[list(e) for e in rank] for rank in d[k]]
+        for k, v in d.items():
+            if isinstance(v, tuple):
+                d[k] = list(v)
+        d.update(speedup=self.speedup, speedup_spread=list(self.speedup_spread), speedup_all=self.speedup_all,
+                 speedup_all_threads=self.speedup_all, serial_all_threads_s=list(self.serial_all_s))
         return d
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"version": RESULT_VERSION, "plan": self.plan.to_dict(), **self.measured()}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> TrialResult:
         names = {f for f in cls.__dataclass_fields__}
         args = {k: v for k, v in d.items() if k in names}
+        args["plan"] = SplitPlan.from_dict(d["plan"])
         for k in ("serial_s", "serial_all_s", "pipeline_s", "stage_compute_s", "stage_comm_s"):
             args[k] = tuple(float(x) for x in args.get(k, ()))
         for k in ("boundary_bytes", "peak_mem_bytes"):
@@ -101,5 +119,5 @@ class TrialResult:
         return cls(**args)
 
     @classmethod
-    def failed(cls, plan: dict[str, Any], reason: str, **kw: Any) -> TrialResult:
+    def failed(cls, plan: SplitPlan, reason: str, **kw: Any) -> TrialResult:
         return cls(plan=plan, ok=False, reason=reason, **kw)

@@ -5,18 +5,21 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from costmodel.partition import ranked
-from costmodel.policies import balanced_cuts, equal_size_cuts, nearest_boundaries, uniform_cuts
 from costmodel.simulate import simulate
 from costmodel.types import Profile
 from pipeline.candidates import Candidates
-from pipeline.plan import SplitPoint
+from pipeline.core.plan import SplitPoint
+from pipeline.core.policies import PIPPY, POLICIES, nearest_boundaries
+
+__all__ = ["Seed", "seeds"]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Seed:
     """A plan to measure early: block cuts (searchable), or fixed split points (PiPPy's may cut mid-block)."""
 
     source: str
+    """The policy names (or ``costmodel-optimum`` / ``costmodel-next``) that chose it, joined by '+'."""
     chunks: int
     cuts: tuple[int, ...] | None = None
     points: tuple[SplitPoint, ...] | None = None
@@ -37,37 +40,32 @@ def seeds(profile: Profile, cands: Candidates, stages: int, chunks: list[int]) -
     """
     best = ranked(profile, stages, chunks)
     m = best[0].chunks
+    inputs = cands.policy_inputs(segment_times=[s.latency(profile.batch_size // m) for s in profile.segments],
+                                 segment_flops=[s.flops for s in profile.segments])
     out: list[Seed] = []
     n = len(profile.segments)
     try:
-        sizes = [k for _, k in cands.units]
-        eq = equal_size_cuts(sizes, stages)
+        eq = POLICIES[PIPPY].cuts(inputs, stages)
+        sizes = inputs.unit_elements
         total = float(sum(sizes)) or 1.0
-        params = [s.param_bytes for s in profile.segments]
+        params = inputs.segment_elements
         before = [sum(params[:k]) / (sum(params) or 1.0) for k in range(n)]
         proxy = nearest_boundaries([sum(sizes[:i]) / total for i in eq], before)
-        out.append(Seed("pippy-equal-size", _best_chunks(profile, proxy, chunks),
-                        points=tuple(SplitPoint(cands.units[i][0]) for i in eq)))
+        out.append(Seed(source=PIPPY, chunks=_best_chunks(profile, proxy, chunks), points=cands.unit_points(eq)))
     except ValueError:
         pass  # PiPPy's rule cannot make that many stages here; the summary says so
-    out.append(Seed("costmodel-optimum", m, cuts=best[0].cuts))
-    runner_up = next((p for p in best[1:]), None)
-    if runner_up is not None:
-        out.append(Seed("costmodel-next", runner_up.chunks, cuts=runner_up.cuts))
-    policies = {
-        "uniform": uniform_cuts(n, stages),
-        "params-balanced": balanced_cuts([s.param_bytes for s in profile.segments], stages),
-        "time-balanced": balanced_cuts([s.latency(profile.batch_size // m) for s in profile.segments], stages),
-        "flops-balanced": balanced_cuts([s.flops for s in profile.segments], stages),
-    }
-    for name, cuts in policies.items():
-        out.append(Seed(name, _best_chunks(profile, cuts, chunks), cuts=tuple(cuts)))
-    merged: dict[tuple, Seed] = {}
+    out.append(Seed(source="costmodel-optimum", chunks=m, cuts=best[0].cuts))
+    if len(best) > 1:
+        out.append(Seed(source="costmodel-next", chunks=best[1].chunks, cuts=best[1].cuts))
+    for name, pol in POLICIES.items():
+        if pol.on_units:
+            continue
+        cuts = pol.cuts(inputs, stages)
+        out.append(Seed(source=name, chunks=_best_chunks(profile, cuts, chunks), cuts=tuple(cuts)))
+    merged: dict[tuple[object, ...], Seed] = {}
     for s in out:
         key = (s.cuts, s.points, s.chunks)
-        if key in merged:
-            prev = merged[key]
-            merged[key] = Seed(f"{prev.source}+{s.source}", prev.chunks, prev.cuts, prev.points)
-        else:
-            merged[key] = s
+        prev = merged.get(key)
+        merged[key] = s if prev is None else Seed(source=f"{prev.source}+{s.source}", chunks=prev.chunks,
+                                                  cuts=prev.cuts, points=prev.points)
     return list(merged.values())

@@ -7,8 +7,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pipeline.errors import PipesplitError
-from pipeline.spec import ModelSpec
+from pipeline.core.errors import PipesplitError
+from pipeline.core.spec import ModelSpec
 
 PLAN_VERSION = 1
 KINDS = ("BEGINNING", "END")
@@ -144,7 +144,9 @@ class SplitPlan:
         return plan
 
     def save(self, path: str | Path) -> None:
-        Path(path).write_text(json.dumps(self.to_dict(), indent=2) + "\n")
+        from pipeline.core.atomic import write_json
+
+        write_json(path, self.to_dict())
 
     @classmethod
     def load(cls, path: str | Path) -> SplitPlan:

@@ -6,7 +6,7 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from pipeline.errors import PipesplitError
+from pipeline.core.errors import PipesplitError
 
 SPEC_VERSION = 1
 DTYPES = ("float32", "bfloat16", "float16")

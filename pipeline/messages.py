@@ -1,0 +1,115 @@
+"""The rank protocol's data: trial options and every reply a rank sends back, as frozen dataclasses.
+
+Plain data (no torch), pickled over the local pool's pipes or gathered over torchrun's gloo control
+group; the commands that produce them are in ``pipeline.protocol``.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+__all__ = ["ErrorReply", "LinkReply", "Lost", "Ready", "Reply", "SegmentReply", "TrialOptions", "TrialReply"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrialOptions:
+    """How one trial measures a plan on every rank."""
+
+    repeats: int = 3
+    """Timed repeats: serial (rank 0) | pipeline (all ranks) | serial on all threads, interleaved."""
+    warmup: int = 1
+    """Untimed pipeline runs after the output check."""
+    serial: bool = True
+    """Time the serial model on one stage's threads beside each repeat."""
+    serial_all: bool = True
+    """Time the serial model on all the pipeline's threads too (CPU only)."""
+    trace_dir: str | None = None
+    """Run once more under torch.profiler and write a chrome trace per rank here."""
+
+    def __post_init__(self) -> None:
+        if self.trace_dir:
+            object.__setattr__(self, "trace_dir", os.path.abspath(self.trace_dir))
+
+
+@dataclass(frozen=True, kw_only=True)
+class Ready:
+    """A worker joined the process group."""
+
+    rank: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class ErrorReply:
+    """A command failed on this rank; ``fatal`` when the process group may be broken (restart the pool)."""
+
+    rank: int
+    error: str
+    fatal: bool = False
+    trace: str = ""
+    max_abs_diff: float = float("nan")
+    tolerance: float = float("nan")
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrialReply:
+    """What one rank measured in a trial."""
+
+    rank: int
+    build_s: float
+    out_bytes: int
+    """Bytes this rank's stage sent on for one whole batch (0 on the last rank)."""
+    max_abs_diff: float
+    tolerance: float
+    serial_s: tuple[float, ...]
+    serial_all_s: tuple[float, ...]
+    pipeline_s: tuple[float, ...]
+    compute_s: tuple[float, ...]
+    """Per repeat, this rank's time inside its stage module."""
+    comm_s: tuple[float, ...]
+    """Per repeat, this rank's busy time outside its stage module: send, receive, waiting."""
+    events: tuple[tuple[int, float, float], ...]
+    comm_events: tuple[tuple[str, float, float], ...]
+    t0: float
+    """The last repeat's start on this host's monotonic clock (ranks on one host share it)."""
+    host: str
+    peak_mem_bytes: int
+    busy_s: float
+    """From receiving the plan to answering: the trial's own work on this rank."""
+    trace: str | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class SegmentReply:
+    """Every candidate segment timed on this rank at every microbatch size (``ProfileSegments``)."""
+
+    rank: int
+    blocks: tuple[str, ...]
+    latency_s: dict[int, tuple[float, ...]]
+    """Microbatch size -> median seconds of each segment."""
+    spread: dict[int, tuple[tuple[float, float], ...]]
+    """Microbatch size -> (min, max) of each segment's repeats."""
+    cross_bytes: tuple[int, ...] = ()
+    """Bytes per sample crossing the cut after each segment but the last (counted on one rank)."""
+    param_bytes: tuple[int, ...] = ()
+    """Parameter and buffer bytes of each segment (counted on one rank)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class LinkReply:
+    """Ping-pong between ranks 0 and 1: (bytes, median one-way seconds) per message size."""
+
+    rank: int
+    samples: tuple[tuple[int, float], ...] = field(default_factory=tuple)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Lost:
+    """No reply from a rank: its process died, or it did not answer in time (the pool's own note)."""
+
+    rank: int
+    why: str
+    dead: bool
+
+
+Reply = Ready | ErrorReply | TrialReply | SegmentReply | LinkReply | Lost

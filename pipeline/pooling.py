@@ -1,0 +1,114 @@
+"""What every stage pool shares: the ``Pool`` protocol, the trial checks, and the replies-to-result step.
+
+``StagePool`` (local worker processes) and ``RankPool`` (torchrun's ranks) both implement ``Pool``; the
+search, the cost model and the CLIs see only this protocol.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol
+
+from pipeline.core.errors import PipesplitError
+from pipeline.core.plan import SplitPlan
+from pipeline.core.result import TrialResult, median
+from pipeline.core.spec import ModelSpec
+from pipeline.messages import ErrorReply, LinkReply, Lost, Reply, SegmentReply, TrialOptions, TrialReply
+
+__all__ = ["Pool", "check_trial_args", "link_samples", "result_from_replies"]
+
+
+class Pool(Protocol):
+    """S stage workers that run plan after plan; a pool owns its processes (or ranks) and their group."""
+
+    stages: int
+    device: str
+    threads_per_stage: int
+    restarts: int
+
+    def __enter__(self) -> Pool: ...
+
+    def __exit__(self, *exc: object) -> None: ...
+
+    def start(self) -> None: ...
+
+    def run(self, plan: SplitPlan, *, repeats: int = 3, warmup: int = 1, timeout_s: float = 900.0,
+            serial_all: bool = True, serial: bool = True, trace_dir: str | None = None) -> TrialResult: ...
+
+    def measure_link(self, sizes: list[int], repeats: int = 5, timeout_s: float = 300.0) -> list[tuple[int, float]]:
+        ...
+
+    def profile(self, spec: ModelSpec, granularity: str, micro: list[int], repeats: int, warmup: int,
+                timeout_s: float = 3600.0) -> list[SegmentReply]: ...
+
+    def restart(self) -> None: ...
+
+
+def check_trial_args(plan: SplitPlan, stages: int, device: str, opts: TrialOptions) -> None:
+    """Refuse a plan this pool cannot run, or options it cannot use, in one line."""
+    if plan.stages != stages:
+        raise PipesplitError(f"plan has {plan.stages} stages but the pool has {stages}: start a pool per stage count")
+    if plan.device != device:
+        raise PipesplitError(f"plan is for {plan.device} but the pool runs on {device}")
+    if opts.repeats < 1 or opts.warmup < 0:
+        raise PipesplitError(f"repeats must be >= 1 and warmup >= 0 (got {opts.repeats}, {opts.warmup})")
+
+
+def _aligned(ranks: Sequence[TrialReply], events: str) -> list[list[tuple]]:
+    """Each rank's events shifted onto one clock: ranks on one host share its monotonic clock, so the
+    offset between their starts is known exactly; across hosts each rank keeps its own (barrier-aligned) start."""
+    hosts = {d.host for d in ranks}
+    t0s = [d.t0 for d in ranks]
+    base = min(t0s) if len(hosts) == 1 and all(t == t for t in t0s) else None
+    out = []
+    for d, t0 in zip(ranks, t0s):
+        shift = t0 - base if base is not None else 0.0
+        out.append([(e[0], e[1] + shift, e[2] + shift) for e in getattr(d, events)])
+    return out
+
+
+def result_from_replies(plan: SplitPlan, replies: Sequence[Reply], wall: float) -> tuple[TrialResult, bool]:
+    """One TrialResult from every rank's reply, and whether the process group may be broken (a rank died,
+    hung or failed mid-trial)."""
+    lost = [r for r in replies if isinstance(r, Lost)]
+    errors = [r for r in replies if isinstance(r, ErrorReply)]
+    if lost:
+        # a rank that failed explains the ranks left waiting on it
+        reason = "; ".join([*[f.why for f in lost if f.dead], *[e.error for e in errors],
+                            *[f.why for f in lost if not f.dead]][:2])
+        return TrialResult.failed(plan, reason, wall_s=wall), True
+    last = replies[-1]
+    if errors:
+        return TrialResult.failed(plan, errors[0].error, wall_s=wall,
+                                  max_abs_diff=getattr(last, "max_abs_diff", float("nan")),
+                                  tolerance=getattr(last, "tolerance", float("nan"))), any(e.fatal for e in errors)
+    ranks = [r for r in replies if isinstance(r, TrialReply)]
+    if len(ranks) != len(replies):
+        raise PipesplitError(f"a rank answered a trial with {type(replies[0]).__name__}: the pool is out of step")
+    return TrialResult(
+        plan=plan,
+        ok=True,
+        serial_s=ranks[0].serial_s,
+        serial_all_s=ranks[0].serial_all_s,
+        pipeline_s=ranks[0].pipeline_s,
+        stage_compute_s=tuple(median(d.compute_s) for d in ranks),
+        stage_comm_s=tuple(median(d.comm_s) for d in ranks),
+        boundary_bytes=tuple(d.out_bytes for d in ranks[:-1]),
+        peak_mem_bytes=tuple(d.peak_mem_bytes for d in ranks),
+        max_abs_diff=ranks[-1].max_abs_diff,
+        tolerance=ranks[-1].tolerance,
+        build_s=max(d.build_s for d in ranks),
+        wall_s=wall,
+        busy_s=max(d.busy_s for d in ranks),
+        events=tuple(tuple(ev) for ev in _aligned(ranks, "events")),
+        comm_events=tuple(tuple(ev) for ev in _aligned(ranks, "comm_events")),
+        traces=tuple(d.trace for d in ranks if d.trace),
+    ), False
+
+
+def link_samples(replies: Sequence[Reply]) -> list[tuple[int, float]]:
+    """Rank 0's ping-pong figures."""
+    first = replies[0]
+    if not isinstance(first, LinkReply):
+        raise PipesplitError(f"rank 0 answered the link probe with {type(first).__name__}")
+    return [(int(b), float(t)) for b, t in first.samples]

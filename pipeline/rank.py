@@ -1,0 +1,116 @@
+"""A stage worker's lasting state: its rank in the process group, its device, and the models it caches.
+
+Shared by the local pool's worker processes and torchrun's ranks; the commands of ``pipeline.protocol``
+run against it.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from pipeline.core.spec import ModelSpec
+from pipeline.instrument import CommClock, Peak, hook_torch_p2p
+from pipeline.models import build_model
+
+__all__ = ["RankState", "WorkerConfig", "gpu_index", "join_group", "one_line"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class WorkerConfig:
+    """How every rank of one pool joins its process group."""
+
+    world_size: int
+    device: str
+    init_method: str
+    timeout_s: float
+    threads: int = 1
+    local_rank: int | None = None
+    """This rank's GPU index on its host (torchrun's LOCAL_RANK); the rank modulo the GPU count otherwise."""
+
+
+def one_line(e: BaseException) -> str:
+    """An exception as one line: its type and the first line of its message."""
+    text = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {text[0] if text else ''}"[:400]
+
+
+def gpu_index(rank: int, cfg: WorkerConfig) -> int:
+    """The GPU a rank drives: torchrun's LOCAL_RANK when given, else the rank modulo this host's GPUs."""
+    return cfg.local_rank if cfg.local_rank is not None else rank % max(1, torch.cuda.device_count())
+
+
+class RankState:
+    """A worker's state that lives across trials: its rank, device, cached models and reference outputs."""
+
+    def __init__(self, rank: int, cfg: WorkerConfig) -> None:
+        self.rank = rank
+        self.cfg = cfg
+        self.world = cfg.world_size
+        self.device = torch.device(f"cuda:{gpu_index(rank, cfg)}") if cfg.device == "cuda" else torch.device("cpu")
+        self.models: dict[str, nn.Module] = {}
+        self.refs: dict[str, torch.Tensor] = {}
+        self.warm: set[tuple[str, int]] = set()
+        self.peak = Peak(self.device)
+        self.comm: CommClock | None = None
+        hook_torch_p2p(self)
+
+    def sync(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    def model(self, spec: ModelSpec) -> nn.Module:
+        """The unsplit model of ``spec`` on this rank's device, built once (one model cached at a time)."""
+        if spec.key not in self.models:
+            self.models.clear()
+            self.refs.clear()
+            self.warm.clear()
+            self.models[spec.key] = build_model(spec).to(self.device)
+        return self.models[spec.key]
+
+    def serial(self, model: nn.Module, x: torch.Tensor, threads: int | None) -> float:
+        """Time the unsplit model on rank 0 while every other rank waits in the barrier (NaN elsewhere)."""
+        dist.barrier()
+        elapsed = float("nan")
+        if self.rank == 0:
+            before = torch.get_num_threads()
+            if threads:
+                torch.set_num_threads(threads)
+            self.sync()
+            t = time.perf_counter()
+            model(x)
+            self.sync()
+            elapsed = time.perf_counter() - t
+            torch.set_num_threads(before)
+        dist.barrier()
+        return elapsed
+
+
+def _preload() -> None:
+    """Import the tracing stack once per worker, so the first trial's build time is its own."""
+    import pippy  # noqa: F401
+    import torch._dynamo  # noqa: F401
+    import torch.distributed.pipelining  # noqa: F401
+    import torch.export  # noqa: F401
+
+
+def join_group(rank: int, cfg: WorkerConfig) -> RankState:
+    """Join the pipeline's process group (gloo on CPU, NCCL on CUDA) and set up this rank's state."""
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    os.environ.setdefault("KINETO_LOG_LEVEL", "5")  # torch.profiler (--profile) is chatty on stderr otherwise
+    backend = "nccl" if cfg.device == "cuda" else "gloo"
+    if cfg.device == "cuda":
+        torch.cuda.set_device(gpu_index(rank, cfg))
+    dist.init_process_group(backend, init_method=cfg.init_method, rank=rank, world_size=cfg.world_size,
+                            timeout=timedelta(seconds=cfg.timeout_s))
+    if cfg.device == "cpu":
+        torch.set_num_threads(cfg.threads)
+    state = RankState(rank, cfg)
+    _preload()
+    return state

@@ -1,0 +1,158 @@
+"""One trial on one rank: build, agree, check the output, warm up, then timed repeats, interleaved.
+
+    build the stage (trace a private copy of the cached model) -> every rank built? -> run the batch
+    once and check the last stage's output against the unsplit model -> warm up -> ``repeats`` times:
+    serial on rank 0 | pipeline on all ranks | serial on all threads on rank 0
+
+The other ranks wait in a barrier while rank 0 times the serial model, so it has the machine to itself.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from pipeline.core.plan import SplitPlan
+from pipeline.instrument import CommClock, CommSpan, ComputeClock, Span, hook_pippy_p2p, quiet_stderr
+from pipeline.messages import ErrorReply, TrialOptions, TrialReply
+from pipeline.models import example_input
+from pipeline.rank import RankState, one_line
+from pipeline.stages import BuiltStage, build_stage
+
+__all__ = ["run_trial"]
+
+
+def _check_output(state: RankState, plan: SplitPlan, y: Any, model: Any, x: torch.Tensor) -> tuple[float, float]:
+    """(max |pipeline - unsplit|, tolerance), computed on the last rank and shared with every rank."""
+    verdict: list[Any] = [None]
+    if state.rank == state.world - 1:
+        if plan.model.key not in state.refs:
+            state.refs[plan.model.key] = model(x)
+        ref = state.refs[plan.model.key]
+        got = y[0] if isinstance(y, (tuple, list)) else y
+        diff = float((got.float() - ref.float()).abs().max())
+        rtol = 1e-4 if plan.model.dtype == "float32" else 2e-2
+        verdict = [(diff, rtol * max(1.0, float(ref.float().abs().max())))]
+    dist.broadcast_object_list(verdict, src=state.world - 1)
+    return verdict[0]
+
+
+def run_trial(state: RankState, plan: SplitPlan, opts: TrialOptions) -> TrialReply | ErrorReply:
+    """This rank's part of one trial of ``plan`` (every rank of the group runs it at once)."""
+    t_recv = time.perf_counter()
+    rank = state.rank
+    if state.device.type == "cpu":
+        torch.set_num_threads(plan.threads_per_stage)
+    state.peak.reset()
+    error = None
+    try:
+        model = state.model(plan.model)
+        x = example_input(plan.model, state.device)
+        stage = build_stage(plan, model, x, rank, state.device)
+    except Exception as e:  # noqa: BLE001 - reported as the trial's reason
+        cuts = ", ".join(plan.split_spec())
+        error = f"rank {rank} could not build its stage for cuts [{cuts}]: {one_line(e)}"
+    errors: list[Any] = [None] * state.world
+    dist.all_gather_object(errors, error)
+    if any(errors):
+        return ErrorReply(rank=rank, error=next(e for e in errors if e))
+    build_s = time.perf_counter() - t_recv
+    clock = ComputeClock(stage.module, state.device)
+    comm = CommClock(clock.now)
+    if plan.backend == "pippy" and stage.runtime is not None:
+        hook_pippy_p2p(stage.runtime, comm, rank, state.world)
+    else:
+        state.comm = comm
+    last = rank == state.world - 1
+    serial_threads = plan.threads_per_stage * state.world if state.device.type == "cpu" else None
+    serial: list[float] = []
+    serial_all: list[float] = []
+    pipe: list[float] = []
+    compute: list[float] = []
+    waits: list[float] = []
+    events: list[Span] = []
+    comm_events: list[CommSpan] = []
+    t0_abs = float("nan")
+    trace = None
+    try:
+        with torch.no_grad():
+            y = stage.step(x if rank == 0 else None)
+            state.sync()
+            out_bytes = 0 if last else clock.out_bytes
+            diff, tol = _check_output(state, plan, y, model, x)
+            if not diff <= tol:
+                return ErrorReply(rank=rank, max_abs_diff=diff, tolerance=tol,
+                                  error=f"output check failed: pipeline output differs from the unsplit model by "
+                                        f"{diff:.3g} (allowed {tol:.3g})")
+            for _ in range(opts.warmup):
+                _pipeline_once(state, stage, x, clock)
+            # the serial model stays warm in this worker: warm it up once per model and thread count
+            if opts.serial and (plan.model.key, plan.threads_per_stage) not in state.warm:
+                state.serial(model, x, None)
+                state.warm.add((plan.model.key, plan.threads_per_stage))
+            if opts.serial_all and serial_threads and (plan.model.key, serial_threads) not in state.warm:
+                state.serial(model, x, serial_threads)
+                state.warm.add((plan.model.key, serial_threads))
+            for _ in range(opts.repeats):
+                if opts.serial:
+                    serial.append(state.serial(model, x, None))
+                wall, busy, events, comm_events, t0_abs = _pipeline_once(state, stage, x, clock, comm)
+                pipe.append(wall)
+                c = sum(b - a for _, a, b in events)
+                compute.append(c)
+                waits.append(max(0.0, busy - c))
+                if opts.serial_all and serial_threads:
+                    serial_all.append(state.serial(model, x, serial_threads))
+            if opts.trace_dir:
+                trace = _trace(state, stage, x, clock, comm, opts.trace_dir)
+    finally:
+        clock.close()
+        state.comm = None
+    return TrialReply(rank=rank, build_s=build_s, out_bytes=out_bytes, max_abs_diff=diff, tolerance=tol,
+                      serial_s=tuple(serial), serial_all_s=tuple(serial_all), pipeline_s=tuple(pipe),
+                      compute_s=tuple(compute), comm_s=tuple(waits), events=tuple(events),
+                      comm_events=tuple(comm_events), t0=t0_abs, host=socket.gethostname(),
+                      peak_mem_bytes=state.peak.read(), busy_s=time.perf_counter() - t_recv, trace=trace)
+
+
+def _trace(state: RankState, stage: BuiltStage, x: torch.Tensor, clock: ComputeClock, comm: CommClock,
+           folder: str) -> str:
+    """One more pipeline run under torch.profiler; its chrome trace (Perfetto opens it) per rank."""
+    from torch.profiler import ProfilerActivity, profile
+
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if state.device.type == "cuda" else [])
+    with quiet_stderr(), profile(activities=acts) as prof:
+        _pipeline_once(state, stage, x, clock, comm)
+    os.makedirs(folder, exist_ok=True)
+    path = os.path.join(folder, f"rank{state.rank}.json")
+    prof.export_chrome_trace(path)
+    return path
+
+
+def _pipeline_once(state: RankState, stage: BuiltStage, x: torch.Tensor, clock: ComputeClock,
+                   comm: CommClock | None = None) -> tuple[float, float, list[Span], list[CommSpan], float]:
+    """One whole batch through the pipeline: (wall time to the last rank's end, own busy time, compute
+    spans, send/recv spans, the run's start on this host's monotonic clock)."""
+    clock.reset()
+    if comm is not None:
+        comm.reset()
+    state.sync()
+    dist.barrier()
+    t0_event = None
+    if state.device.type == "cuda":
+        t0_event = torch.cuda.Event(enable_timing=True)
+        t0_event.record()
+    t0 = time.perf_counter()
+    stage.step(x if state.rank == 0 else None)
+    state.sync()
+    busy = time.perf_counter() - t0
+    dist.barrier()
+    wall = time.perf_counter() - t0
+    base: Any = t0_event if t0_event is not None else t0
+    comm_spans = comm.resolve(base, t0_event is not None) if comm is not None else []
+    return wall, busy, clock.resolve(base), comm_spans, t0

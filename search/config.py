@@ -1,0 +1,92 @@
+"""SearchConfig: everything one search study is asked to do, as the CLIs hand it to ``run_study``."""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass, field
+
+from pipeline.cli import ModelArgs
+from pipeline.core.errors import PipesplitError
+
+__all__ = ["DEFAULT_STORAGE", "SearchConfig", "default_study_name", "parse_chunks"]
+
+DEFAULT_STORAGE = "sqlite:///results/optuna.db"
+
+
+def parse_chunks(text: str) -> tuple[int, ...]:
+    """``--chunks 1,4,16`` as integers, or one line that says how to write it."""
+    try:
+        return tuple(int(c) for c in text.split(",") if c.strip())
+    except ValueError:
+        raise PipesplitError(f"--chunks {text!r} must be comma-separated integers, e.g. 1,4,16") from None
+
+
+def default_study_name(model: str, stages: int, batch: int, device: str, granularity: str) -> str:
+    name = f"{model}-s{stages}-b{batch}-{device}"
+    return name if granularity == "block" else f"{name}-{granularity}"
+
+
+@dataclass(frozen=True, kw_only=True)
+class SearchConfig:
+    """One study's settings; ``search.sweep`` makes one per stage count with ``dataclasses.replace``."""
+
+    model: ModelArgs = field(default_factory=ModelArgs)
+    stages: int = 4
+    chunks: tuple[int, ...] = (1, 2, 4, 8, 16, 32)
+    """Candidate chunk counts; those that do not divide the batch are dropped."""
+    chunks_text: str = "1,2,4,8,16,32"
+    """``chunks`` as the user typed them, for messages."""
+    trials: int | None = None
+    """Measured trials the study should hold in total (None: 12 for 2 stages, 14 otherwise)."""
+    timeout_s: float | None = None
+    """Stop starting new trials after this many seconds."""
+    repeats: int = 2
+    min_trial_seconds: float = 4.0
+    trial_timeout_s: float = 900.0
+    confirm_top: int = 2
+    confirm_rounds: int = 2
+    prune: bool = True
+    storage: str = DEFAULT_STORAGE
+    study_name: str | None = None
+    out: str | None = None
+    """The best split's path (default ``<results_dir>/<study>/best_split.json``)."""
+    results_dir: str = "results"
+    progress: bool = True
+    trace: bool = False
+    """Run the confirmed best plan once more under torch.profiler (``--profile``)."""
+    artifact_dir: str | None = None
+    artifacts: bool = True
+    backend: str = "torch"
+    schedule: str = "GPipe"
+    device: str = "cpu"
+    threads_per_stage: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.stages < 2:
+            raise PipesplitError(f"--stages must be at least 2 (got {self.stages})")
+        for flag in ("repeats", "confirm_rounds"):
+            if getattr(self, flag) < 1:
+                raise PipesplitError(f"--{flag.replace('_', '-')} must be at least 1 (got {getattr(self, flag)})")
+        if not self.min_trial_seconds >= 0:
+            raise PipesplitError(f"--min-trial-seconds must be 0 or more (got {self.min_trial_seconds})")
+        if self.trials is not None and self.trials < 1:
+            raise PipesplitError(f"--trials must be at least 1 (got {self.trials})")
+        if self.timeout_s is not None and not self.timeout_s > 0:
+            raise PipesplitError(f"--timeout must be a positive number of seconds (got {self.timeout_s})")
+        if not self.trial_timeout_s > 0:
+            raise PipesplitError(f"--trial-timeout must be a positive number of seconds (got {self.trial_timeout_s})")
+        if self.confirm_top < 0:
+            raise PipesplitError(f"--confirm-top must be 0 or more (got {self.confirm_top})")
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace, stages: int) -> SearchConfig:
+        """The settings the flags describe, for ``stages`` stages (cheap checks only: nothing is built)."""
+        return cls(model=ModelArgs.from_args(args), stages=stages, chunks=parse_chunks(args.chunks),
+                   chunks_text=args.chunks, trials=args.trials, timeout_s=args.timeout, repeats=args.repeats,
+                   min_trial_seconds=args.min_trial_seconds, trial_timeout_s=args.trial_timeout,
+                   confirm_top=args.confirm_top, confirm_rounds=args.confirm_rounds, prune=not args.no_prune,
+                   storage=args.storage, study_name=getattr(args, "study_name", None), out=getattr(args, "out", None),
+                   results_dir=args.results_dir, progress=not args.no_progress, trace=args.profile,
+                   artifact_dir=args.artifact_dir, artifacts=not args.no_artifacts, backend=args.backend or "torch",
+                   schedule=args.schedule or "GPipe", device=args.device or "cpu",
+                   threads_per_stage=args.threads_per_stage)

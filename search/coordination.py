@@ -1,0 +1,97 @@
+"""Several workers on one study: which trials count, who is measuring what, and stale claims.
+
+A worker claims a trial (the ``measured`` user attribute) before it measures it, so the study's budget
+of measured trials is shared by every worker on it. A trial left RUNNING by a dead worker is failed as
+stale: on RDB storage by Optuna's heartbeats, on a journal file by the next worker on the same host.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import warnings
+
+import optuna
+from optuna.trial import FrozenTrial, TrialState
+
+__all__ = ["MEASURED", "claims", "fail_stale", "measured_trials", "others_running", "skip_reason", "worker_id"]
+
+MEASURED = "measured"
+
+
+def worker_id() -> str:
+    """This worker as ``host:pid``, as stored on the trials it measures."""
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def measured_trials(study: optuna.Study) -> list[FrozenTrial]:
+    """Trials that ran a plan to the end: complete, or failed with a reason (a stale trial, whose worker
+    died, has none and is not counted)."""
+    return [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.FAIL))
+            if t.user_attrs.get(MEASURED) and (t.state == TrialState.COMPLETE or t.user_attrs.get("fail_reason"))]
+
+
+def _running_claims(study: optuna.Study) -> list[FrozenTrial]:
+    return [t for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)) if t.user_attrs.get(MEASURED)]
+
+
+def claims(study: optuna.Study) -> list[FrozenTrial]:
+    """Measured trials plus those being measured now, by this or another worker on the same study."""
+    return measured_trials(study) + _running_claims(study)
+
+
+def others_running(study: optuna.Study) -> list[int]:
+    """Trials another worker is measuring now (this worker runs one trial at a time, between them none)."""
+    return [t.number for t in _running_claims(study)]
+
+
+def fail_stale(study: optuna.Study) -> list[int]:
+    """Fail trials left RUNNING by a dead worker on this host (journal storage has no heartbeats; RDB
+    storage also fails them by heartbeat, from any host). Returns their numbers."""
+    from optuna.storages import fail_stale_trials
+    from optuna.storages._heartbeat import is_heartbeat_enabled
+
+    storage = study._storage
+    if is_heartbeat_enabled(storage):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)  # stable since 2.9 in practice
+            fail_stale_trials(study)
+    host = socket.gethostname()
+    out = []
+    for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        name, _, pid = str(t.user_attrs.get("worker", "")).rpartition(":")
+        if name != host or not pid.isdigit() or int(pid) == os.getpid() or _alive(int(pid)):
+            continue
+        try:
+            storage.set_trial_user_attr(t._trial_id, "stale", f"worker {name}:{pid} died while measuring it")
+            storage.set_trial_state_values(t._trial_id, state=TrialState.FAIL)
+            out.append(t.number)
+        except (RuntimeError, ValueError):  # another worker got there first
+            pass
+    return out
+
+
+def skip_reason(study: optuna.Study, number: int, key: str, budget: int | None) -> str | None:
+    """Why trial ``number`` (already claimed) should back off, or None: with other workers on the study,
+    the budget is taken or the same plan is being measured. The claim is written before the count is
+    read, so of two workers racing for the last slot at least one sees the other; ties back off and
+    the loop asks again."""
+    if budget is None:
+        return None
+    mine = [t for t in claims(study) if t.number != number]
+    same = [t for t in mine if t.state == TrialState.RUNNING and t.user_attrs.get("plan_key") == key]
+    if len(mine) >= budget:
+        return f"the study's {budget} trials are measured or being measured by other workers"
+    if same:
+        return f"the same plan is being measured by trial {same[0].number}"
+    return None

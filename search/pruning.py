@@ -1,0 +1,31 @@
+"""The cost model's pruning rule, pure: is a proposed plan clearly behind the best one measured?
+
+Once ``PRUNE_AFTER`` plans are measured, a new plan's predicted speedup is corrected by the most
+optimistic measured/predicted ratio seen so far; if even that falls below ``PRUNE_MARGIN`` of the best
+measured speedup (inside the ~5 % noise of one trial, so a plan that could tie is still run), the plan
+is pruned without a run. Enqueued seeds always run (the caller does not ask).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+__all__ = ["PRUNE_AFTER", "PRUNE_MARGIN", "prune_reason"]
+
+PRUNE_AFTER = 3
+PRUNE_MARGIN = 0.97
+
+
+def prune_reason(predicted: float, done: Sequence[tuple[float, float]], *, after: int = PRUNE_AFTER,
+                 margin: float = PRUNE_MARGIN) -> str | None:
+    """Why a plan predicted at ``predicted`` x need not run, given ``done`` (measured, predicted) speedups
+    of the plans measured so far; None when it should run."""
+    usable = [(m, p) for m, p in done if p > 0]
+    if len(usable) < after:
+        return None
+    ratio = max(m / p for m, p in usable)
+    best = max(m for m, _ in usable)
+    optimistic = predicted * ratio
+    if optimistic < margin * best:
+        return f"cost model: at best {optimistic:.2f}x vs measured best {best:.2f}x"
+    return None

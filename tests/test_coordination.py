@@ -1,0 +1,119 @@
+"""Several search workers on one study: a journal file and a real PostgreSQL server on loopback. The
+study ends with exactly --trials measured trials and no plan measured twice; stale trials are failed."""
+
+import glob
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+
+import optuna
+import pytest
+
+from tests.conftest import TINY_VIT_ARGS, free_port
+
+pytestmark = [pytest.mark.slow, pytest.mark.multiprocess]
+
+TRIALS = 6
+
+
+def workers(storage, tmp_path, n=2):
+    argv = [sys.executable, "-m", "search.optimize", *TINY_VIT_ARGS, "--stages", "2", "--chunks", "1,2,4",
+            "--trials", str(TRIALS), "--repeats", "1", "--confirm-top", "1", "--confirm-rounds", "1",
+            "--threads-per-stage", "1", "--no-progress", "--no-prune", "--storage", storage,
+            "--study-name", "shared", "--results-dir", str(tmp_path), "--seed", "3"]
+    procs = [subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for _ in range(n)]
+    outs = [p.communicate(timeout=600)[0] for p in procs]
+    assert all(p.returncode == 0 for p in procs), outs
+    return outs
+
+
+def check_study(storage):
+    study = optuna.load_study(study_name="shared", storage=storage)
+    measured = [t for t in study.trials if t.user_attrs.get("measured")
+                and t.state in (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.FAIL)]
+    assert len(measured) == TRIALS, [(t.number, t.state, t.user_attrs.get("worker")) for t in study.trials]
+    keys = [t.user_attrs["plan_key"] for t in measured]
+    assert len(set(keys)) == len(keys), "a plan was measured twice"
+    assert len({t.user_attrs["worker"] for t in measured}) == 2, "both workers should have measured trials"
+    assert not [t for t in study.trials if t.state == optuna.trial.TrialState.RUNNING]
+
+
+def test_two_workers_on_one_journal_file(tmp_path):
+    storage = str(tmp_path / "study.log")
+    workers(storage, tmp_path)
+    from search.storage import open_storage
+
+    check_study(open_storage(storage))
+
+
+def _pg_bin():
+    for d in sorted(glob.glob("/usr/lib/postgresql/*/bin"), reverse=True):
+        if os.path.exists(f"{d}/initdb") and os.path.exists(f"{d}/pg_ctl"):
+            return d
+    return None
+
+
+def _install_postgres() -> str:
+    if _pg_bin() is None and os.geteuid() == 0 and shutil.which("apt-get"):
+        env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+        subprocess.run(["apt-get", "install", "-y", "-q", "postgresql"], env=env, capture_output=True, timeout=900)
+    return _pg_bin()
+
+
+@pytest.fixture(scope="module")
+def postgres():
+    """A throwaway PostgreSQL server on 127.0.0.1 (Debian's package, installed here if missing and root)."""
+    try:
+        import psycopg  # noqa: F401
+    except ImportError:
+        pytest.skip("psycopg (PostgreSQL driver) is missing: make test installs it (pip install -e '.[dev]')")
+    bindir = _install_postgres()
+    if bindir is None:
+        pytest.skip("PostgreSQL is not installed and could not be installed here (apt-get install postgresql "
+                    "needs root and a Debian package mirror)")
+    root = os.geteuid() == 0
+    as_pg = ["runuser", "-u", "postgres", "--"] if root else []
+    base = tempfile.mkdtemp(prefix="pipesplit-pg-")
+    if root:
+        shutil.chown(base, "postgres")
+    data, port = f"{base}/data", free_port()
+    subprocess.run([*as_pg, f"{bindir}/initdb", "-D", data, "-U", "pipesplit", "--auth=trust"], check=True,
+                   capture_output=True, timeout=120)
+    subprocess.run([*as_pg, f"{bindir}/pg_ctl", "-D", data, "-l", f"{base}/log", "-w", "-o",
+                    f"-p {port} -k {base} -c listen_addresses=127.0.0.1", "start"], check=True, capture_output=True,
+                   timeout=120)
+    try:
+        yield f"postgresql://pipesplit@127.0.0.1:{port}/postgres"
+    finally:
+        subprocess.run([*as_pg, f"{bindir}/pg_ctl", "-D", data, "-m", "immediate", "stop"], capture_output=True,
+                       timeout=60)
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def test_two_workers_on_one_postgres_study(postgres, tmp_path):
+    workers(postgres, tmp_path)
+    check_study(postgres)
+
+
+def test_a_dead_workers_running_trial_is_failed_as_stale_and_not_counted(tmp_path):
+    """A trial left RUNNING by a worker that died (journal storage has no heartbeats) is failed by the next
+    worker on the same host, and the budget is then met by measuring another plan."""
+    from search.coordination import claims, fail_stale, measured_trials
+    from search.storage import open_storage
+
+    storage = open_storage(str(tmp_path / "s.log"))
+    study = optuna.create_study(study_name="stale", storage=storage, direction="maximize")
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    t = study.ask()
+    t.set_user_attr("measured", True)
+    t.set_user_attr("plan_key", "x")
+    t.set_user_attr("worker", f"{socket.gethostname()}:{dead.pid}")
+    assert [x.number for x in claims(study)] == [t.number]
+    assert fail_stale(study) == [t.number]
+    frozen = study.trials[t.number]
+    assert frozen.state == optuna.trial.TrialState.FAIL and "died while measuring" in frozen.user_attrs["stale"]
+    assert claims(study) == [] and measured_trials(study) == []
