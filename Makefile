@@ -1,11 +1,11 @@
-# Two entry points: `make optimize` (the product's main job) and `make test` (the whole suite).
+# Two entry points: `make optimize` (the product's main job) and `make test` (the whole suite and the code checks).
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 STAMP_DEV := $(VENV)/.installed-dev
 
-.PHONY: optimize test install install-dev clean
+.PHONY: optimize test check install install-dev clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -25,8 +25,14 @@ install-dev: $(STAMP_DEV)
 optimize: $(STAMP)
 	$(PY) -m search.optimize --stages 4
 
-test: $(STAMP_DEV)
+# the code checks: layers that import only downward (import-linter), lint (ruff), types (mypy)
+check: $(STAMP_DEV)
+	$(VENV)/bin/lint-imports
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy
+
+test: check
 	$(PY) -m pytest -q tests
 
 clean:
-	rm -rf $(VENV) .pytest_cache
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

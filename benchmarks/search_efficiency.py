@@ -21,7 +21,6 @@ import statistics
 import sys
 import tempfile
 import time
-from pathlib import Path
 
 from pipeline.core.policies import PIPPY
 
@@ -66,11 +65,11 @@ def side_by_side(spec: object, grid_top: list[tuple[str, int]], best: tuple[tupl
 def main(argv: list[str] | None = None) -> int:
     import optuna
 
-    from pipeline.core.policies import equal_size_cuts
     from costmodel.profile import divisors
     from pipeline.candidates import find_candidates
-    from pipeline.models import build_model, resolve_spec
     from pipeline.core.plan import SplitPlan, SplitPoint
+    from pipeline.core.policies import equal_size_cuts
+    from pipeline.models import build_model, resolve_spec
     from pipeline.pool import StagePool
     from search.optimize import main as optimize
 
@@ -96,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
         with StagePool(2, threads_per_stage=1) as pool:
             # PiPPy's equal-size cut (mid-block, so not a grid cut) is measured at every chunk count beside
             # the grid: the grid's best over it is the most any optimizer can gain over PiPPy on this machine
-            for i, cut in enumerate([*cands.cuts, *([eq_cut] if eq_cut not in cands.cuts else [])]):
+            for cut in [*cands.cuts, *([eq_cut] if eq_cut not in cands.cuts else [])]:
                 for m in chunks:
                     plan = SplitPlan(model=spec, split_points=(SplitPoint(cut),), chunks=m, threads_per_stage=1)
                     # the serial model is timed on every fourth plan: it does not change with the plan

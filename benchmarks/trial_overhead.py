@@ -14,8 +14,8 @@ import statistics
 import sys
 import time
 
-from pipeline.models import resolve_spec
 from pipeline.core.plan import SplitPlan, SplitPoint
+from pipeline.models import resolve_spec
 from pipeline.pool import StagePool
 
 

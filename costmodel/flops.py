@@ -8,14 +8,13 @@ from __future__ import annotations
 import logging
 import warnings
 from math import prod
-from numbers import Number
 from typing import Any
 
 import torch
 from torch import nn
 
 
-def sdpa_flop_jit(inputs: list[Any], outputs: list[Any]) -> Number:
+def sdpa_flop_jit(inputs: list[Any], outputs: list[Any]) -> int:
     """``aten::scaled_dot_product_attention``: q @ k^T and attn @ v, as MACs (softmax not counted)."""
     from fvcore.nn.jit_handles import get_shape
 
@@ -23,7 +22,7 @@ def sdpa_flop_jit(inputs: list[Any], outputs: list[Any]) -> Number:
     batch = prod(q[:-2])
     length, embed = q[-2], q[-1]
     source = k[-2]
-    return batch * length * source * (embed + v[-1])
+    return int(batch * length * source * (embed + v[-1]))
 
 
 EXTRA_HANDLES = {

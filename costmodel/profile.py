@@ -4,8 +4,8 @@ One trace of the model with a cut at *every* candidate gives the segments exactl
 them (torch's ``pipeline(split_spec=...)``); each is then counted (fvcore, fused attention included),
 weighed (parameter bytes, bytes crossing each cut) and timed at every microbatch size on the target
 device and thread count (each size over at least one whole batch of samples). The timing runs in the
-stage workers (``pipeline.probes``, sent as a ``ProfileSegments`` command); the FLOPs are counted here. The link between two
-ranks of the real backend is measured by ping-pong and fitted to latency + bytes / bandwidth. Profiles
+stage workers (``pipeline.probes``, sent as a ``ProfileSegments`` command); the FLOPs are counted here.
+The link between two ranks of the real backend is measured by ping-pong and fitted to latency + bytes / bandwidth. Profiles
 are cached under ``results/profiles/``.
 """
 
@@ -122,7 +122,7 @@ def profile_model(spec: ModelSpec, *, device: str = "cpu", threads: int = 1, gra
     segments = tuple(
         Segment(fqn=first.blocks[k], flops=int(flops[k]), param_bytes=int(first.param_bytes[k]),
                 out_bytes=int(first.cross_bytes[k]) if k < n - 1 else 0,
-                latency_s={m: lat[m][k] for m in micro}, latency_spread={m: tuple(spread[m][k]) for m in micro})
+                latency_s={m: lat[m][k] for m in micro}, latency_spread={m: (spread[m][k][0], spread[m][k][1]) for m in micro})
         for k in range(n)
     )
     from pipeline.export import provenance

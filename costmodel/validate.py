@@ -14,6 +14,7 @@ import statistics
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from costmodel.simulate import simulate
 from costmodel.stats import kendall_tau, mape
@@ -106,7 +107,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         for i, why in runs.failures.items():
             print(f"failed: {plans[i].describe()}: {why}", file=sys.stderr)
         rows = []
-        records: list[dict[str, object]] = []
+        records: list[dict[str, Any]] = []
         for i, ((cuts, m), plan) in enumerate(zip(grid, plans)):
             res = runs.results[i]
             if i in runs.failures or not res:
@@ -125,8 +126,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"{'cut(s)':<24} {'chunks':>6} {'predicted_s':>11} {'measured_s':>10} {'spread_s':>13} {'error':>7} "
           f"{'pred_speedup':>12} {'speedup':>7} {'error':>7}")
     for plan, pred, meas, lo, hi, speedup in rows:
-        cuts = ",".join(pt.fqn for pt in plan.split_points)
-        print(f"{cuts:<24} {plan.chunks:6d} {pred.makespan_s:11.3f} {meas:10.3f} {lo:6.3f}-{hi:6.3f} "
+        label = ",".join(pt.fqn for pt in plan.split_points)
+        print(f"{label:<24} {plan.chunks:6d} {pred.makespan_s:11.3f} {meas:10.3f} {lo:6.3f}-{hi:6.3f} "
               f"{100 * (pred.makespan_s - meas) / meas:+6.1f}% {pred.speedup:12.2f} {speedup:7.2f} "
               f"{100 * (pred.speedup - speedup) / speedup:+6.1f}%")
     if len(rows) >= 2:

@@ -25,7 +25,8 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--batch-size", type=int, default=None, help="whole-batch size (default 32)")
     g.add_argument("--dtype", default=None, choices=DTYPES, help="parameter and input dtype (default float32)")
     g.add_argument("--checkpoint", default=None, help="optional local state_dict to load (timing does not need one)")
-    g.add_argument("--seed", type=int, default=None, help="seed for weights and inputs, and for search.optimize's sampler (default 0)")
+    g.add_argument("--seed", type=int, default=None,
+                   help="seed for weights and inputs, and for search.optimize's sampler (default 0)")
     g.add_argument("--granularity", default="block", choices=GRANULARITIES,
                    help="candidate cut points: 'block' (top-level and stacked blocks) or 'layer' (inside blocks)")
 

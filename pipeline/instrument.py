@@ -65,7 +65,7 @@ class ComputeClock:
     def now(self) -> Any:
         """A time stamp on this rank's clock: a recorded CUDA event, or ``perf_counter`` on CPU."""
         if self.cuda:
-            ev = torch.cuda.Event(enable_timing=True)
+            ev = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
             ev.record()
             return ev
         return time.perf_counter()
@@ -150,7 +150,8 @@ def hook_torch_p2p(state: HasComm) -> None:
         clock = state.comm
         tag = clock.pending.pop(id(works), None) if clock is not None else None
         if clock is None or tag is None:
-            return wait(works)
+            wait(works)
+            return None
         a = clock.now()
         wait(works)
         b = clock.now()

@@ -36,10 +36,10 @@ def _create(name: str, kwargs: dict[str, Any]) -> nn.Module:
 
 def _native_input_shape(model: nn.Module, kwargs: dict[str, Any]) -> tuple[tuple[int, ...], bool]:
     """(C, H, W) the model is configured for, and whether it only accepts that size."""
-    from timm.data import resolve_model_data_config
+    from timm.data.config import resolve_model_data_config
 
     cfg = getattr(model, "pretrained_cfg", {}) or {}
-    shape = tuple(int(d) for d in resolve_model_data_config(model)["input_size"])
+    shape = tuple(int(d) for d in resolve_model_data_config(model)["input_size"])  # type: ignore[no-untyped-call]
     chans = int(kwargs.get("in_chans", shape[0]))
     img = getattr(getattr(model, "patch_embed", None), "img_size", None)
     if img is not None:
@@ -83,7 +83,8 @@ def resolve_spec(
 
 
 def torch_dtype(spec: ModelSpec) -> torch.dtype:
-    return getattr(torch, spec.dtype)
+    dtype: torch.dtype = getattr(torch, spec.dtype)
+    return dtype
 
 
 def build_model(spec: ModelSpec) -> nn.Module:

@@ -65,7 +65,7 @@ class StagePool:
         self.start()
         return self
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(self, exc_type: object, *exc: object) -> None:
         self.close()
 
     def start(self) -> None:

@@ -7,7 +7,7 @@ search, the cost model and the CLIs see only this protocol.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Protocol
+from typing import Any, Protocol
 
 from pipeline.core.errors import PipesplitError
 from pipeline.core.plan import SplitPlan
@@ -28,7 +28,7 @@ class Pool(Protocol):
 
     def __enter__(self) -> Pool: ...
 
-    def __exit__(self, *exc: object) -> None: ...
+    def __exit__(self, exc_type: object, *exc: object) -> None: ...
 
     def start(self) -> None: ...
 
@@ -54,7 +54,7 @@ def check_trial_args(plan: SplitPlan, stages: int, device: str, opts: TrialOptio
         raise PipesplitError(f"repeats must be >= 1 and warmup >= 0 (got {opts.repeats}, {opts.warmup})")
 
 
-def _aligned(ranks: Sequence[TrialReply], events: str) -> list[list[tuple]]:
+def _aligned(ranks: Sequence[TrialReply], events: str) -> list[list[tuple[Any, float, float]]]:
     """Each rank's events shifted onto one clock: ranks on one host share its monotonic clock, so the
     offset between their starts is known exactly; across hosts each rank keeps its own (barrier-aligned) start."""
     hosts = {d.host for d in ranks}

@@ -6,7 +6,6 @@ import argparse
 import dataclasses
 import sys
 from collections.abc import Sequence
-
 from dataclasses import dataclass
 
 from pipeline.cli import MODEL_FLAGS, add_model_args, add_runtime_args, spec_from_args

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -65,7 +66,7 @@ def use_codegen(module: nn.Module) -> None:
     """
     for m in module.modules():
         if hasattr(m, "_run_with_interpreter"):
-            m._run_with_interpreter = False
+            m._run_with_interpreter = False  # type: ignore[assignment]
 
 
 def _build_torch(plan: SplitPlan, model: nn.Module, x: torch.Tensor, rank: int, device: torch.device,

@@ -108,16 +108,17 @@ class Timeline:
 
 
 def _union(spans: list[Span]) -> float:
-    total, cur_a, cur_b = 0.0, None, None
+    total = 0.0
+    cur: tuple[float, float] | None = None
     for s in sorted(spans, key=lambda s: s.start):
-        if cur_b is None or s.start > cur_b:
-            if cur_b is not None:
-                total += cur_b - cur_a
-            cur_a, cur_b = s.start, s.end
+        if cur is None or s.start > cur[1]:
+            if cur is not None:
+                total += cur[1] - cur[0]
+            cur = (s.start, s.end)
         else:
-            cur_b = max(cur_b, s.end)
-    if cur_b is not None:
-        total += cur_b - cur_a
+            cur = (cur[0], max(cur[1], s.end))
+    if cur is not None:
+        total += cur[1] - cur[0]
     return total
 
 

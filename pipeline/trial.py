@@ -39,7 +39,8 @@ def _check_output(state: RankState, plan: SplitPlan, y: Any, model: Any, x: torc
         rtol = 1e-4 if plan.model.dtype == "float32" else 2e-2
         verdict = [(diff, rtol * max(1.0, float(ref.float().abs().max())))]
     dist.broadcast_object_list(verdict, src=state.world - 1)
-    return verdict[0]
+    diff, tol = verdict[0]
+    return float(diff), float(tol)
 
 
 def run_trial(state: RankState, plan: SplitPlan, opts: TrialOptions) -> TrialReply | ErrorReply:
@@ -145,7 +146,7 @@ def _pipeline_once(state: RankState, stage: BuiltStage, x: torch.Tensor, clock: 
     dist.barrier()
     t0_event = None
     if state.device.type == "cuda":
-        t0_event = torch.cuda.Event(enable_timing=True)
+        t0_event = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
         t0_event.record()
     t0 = time.perf_counter()
     stage.step(x if state.rank == 0 else None)

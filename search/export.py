@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-import statistics
 from pathlib import Path
 from typing import Any
 
@@ -41,7 +40,7 @@ def summary_rows(study: optuna.Study, confirmation: Confirmation | None) -> list
             "confirmed": c.median if c else None,
             "failed": t.user_attrs.get("fail_reason"),
         })
-    rows.sort(key=lambda r: (r["role"] != "BEST", -(r["confirmed"] or r["measured"] or 0)))
+    rows.sort(key=lambda r: (r["role"] != "BEST", -float(r["confirmed"] or r["measured"] or 0)))
     return rows
 
 

@@ -76,7 +76,8 @@ def losses(row: PolicyRow) -> dict[str, float]:
     imbalance: slowest stage's compute / mean stage compute. compute: all stages' compute / the serial
     model's time (smaller microbatches run less efficiently; stages share cores). bubbles: 1 / (1 - (S-1)/(M+S-1)),
     GPipe's fill and drain with M microbatches. communication: 1 / (1 - share of the pipeline time the busiest
-    rank spends posting sends; waiting for a busy neighbour is imbalance, not communication, and is left out). Their product approximates S / (S-fold speedup); what is left is overhead and waiting.
+    rank spends posting sends; waiting for a busy neighbour is imbalance, not communication, and is left
+    out). Their product approximates S / (S-fold speedup); what is left is overhead and waiting.
     """
     s, m = row.stages, row.chunks
     out: dict[str, float] = {}
@@ -123,7 +124,7 @@ def _fmt(x: float | None) -> str:
     return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.2f}"
 
 
-def _sort_key(row: PolicyRow) -> tuple:
+def _sort_key(row: PolicyRow) -> tuple[bool, int, int]:
     first = row.policies[0] if row.policies else row.source
     return (not row.best, POLICY_ORDER.index(first) if first in POLICY_ORDER else len(POLICY_ORDER), row.trial)
 

@@ -12,7 +12,6 @@ and per-stage compute vs communication. The plots are also uploaded to each stud
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 import time
 from collections.abc import Sequence
@@ -134,7 +133,7 @@ def rows_for(stages: int, study: Any) -> list[Any]:
         tl = r.timeline
         send = tuple(tl.totals(k)["send"] for k in range(tl.stages)) if tl is not None else ()
         pts = list(r.split_points)
-        out.append(PolicyRow(stages=stages, source=r.source, trial=r.trial, best=r.trial == conf.best_trial,
+        out.append(PolicyRow(stages=stages, source=r.source, trial=r.trial, best=conf is not None and r.trial == conf.best_trial,
                              split_points=tuple(pts), stage_ranges=tuple(stage_ranges(pts, segments)),
                              chunks=r.chunks, predicted=r.predicted_speedup, measured=r.median, spread=r.spread,
                              compute_s=compute, send_s=send, serial_s=float(detail.get("serial_s", float("nan")))))
@@ -189,7 +188,8 @@ def write_report(studies: dict[int, Any], outdir: Path, *, spec: Any, device: st
     if timelines:
         plots.compute_comm(timelines, outdir / "compute_comm.png")
         made["compute_comm"] = "compute_comm.png"
-    threads = sorted({(st.user_attrs.get("config") or {}).get("threads_per_stage") for st in studies.values()} - {None})
+    threads = sorted({int((st.user_attrs.get("config") or {}).get("threads_per_stage") or 0) for st in studies.values()}
+                     - {0})
     meta = {"model": spec.name, "batch_size": spec.batch_size, "device": device,
             "threads": f"{'/'.join(map(str, threads))} thread(s) per stage",
             "date": time.strftime("%Y-%m-%d %H:%M"), "studies": {s: st.study_name for s, st in studies.items()}}

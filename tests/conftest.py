@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.models import resolve_spec
 from pipeline.core.spec import ModelSpec
+from pipeline.models import resolve_spec
 
 TINY_VIT = {"depth": 4, "img_size": 32, "patch_size": 8, "embed_dim": 48, "num_heads": 2, "num_classes": 10}
 TINY_VIT_ARGS = ["--model", "deit_tiny_patch16_224", "--model-kwargs", json.dumps(TINY_VIT), "--batch-size", "8"]

@@ -3,8 +3,8 @@ import torch
 
 from pipeline.candidates import find_candidates
 from pipeline.core.errors import PipesplitError
-from pipeline.models import build_model, example_input, resolve_spec
 from pipeline.core.plan import SplitPlan, SplitPoint
+from pipeline.models import build_model, example_input, resolve_spec
 
 SWIN = {"img_size": 64, "window_size": 2, "depths": (1, 1, 2, 1), "embed_dim": 24, "num_heads": (1, 1, 2, 2)}
 
