@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from costmodel.simulate import closed_form_makespan, simulate
+from costmodel.simulate import closed_form_makespan, segment_costs, simulate
 from costmodel.types import Prediction, Profile
 
 __all__ = ["best_cuts", "optimal", "ranked"]
@@ -70,13 +70,6 @@ def best_cuts(seg: Sequence[float], link: Sequence[float], stages: int, chunks: 
     return best[1], best[0]
 
 
-def _inputs(profile: Profile, chunks: int) -> tuple[list[float], list[float]]:
-    m = profile.batch_size // chunks
-    seg = [s.latency(m) for s in profile.segments]
-    link = [profile.link.time(s.out_bytes * m) for s in profile.segments[:-1]]
-    return seg, link
-
-
 def optimal(profile: Profile, stages: int, chunks: Sequence[int]) -> Prediction:
     """The predicted-fastest cuts and chunk count among ``chunks``."""
     return ranked(profile, stages, chunks)[0]
@@ -88,7 +81,7 @@ def ranked(profile: Profile, stages: int, chunks: Sequence[int]) -> list[Predict
     for m in chunks:
         if profile.batch_size % m:
             continue
-        seg, link = _inputs(profile, m)
+        seg, link = segment_costs(profile, m)
         cuts, _ = best_cuts(seg, link, stages, m, profile.step_overhead_s)
         out.append(simulate(profile, cuts, m))
     if not out:

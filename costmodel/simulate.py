@@ -20,7 +20,7 @@ from collections.abc import Sequence
 
 from costmodel.types import Prediction, Profile
 
-__all__ = ["closed_form_makespan", "simulate", "stage_times", "simulate_times"]
+__all__ = ["closed_form_makespan", "segment_costs", "simulate", "simulate_times", "stage_times"]
 
 
 def _bounds(cuts: Sequence[int], n: int) -> list[tuple[int, int]]:
@@ -31,15 +31,21 @@ def _bounds(cuts: Sequence[int], n: int) -> list[tuple[int, int]]:
     return list(zip(b, b[1:]))
 
 
-def stage_times(profile: Profile, cuts: Sequence[int], chunks: int) -> tuple[list[float], list[float]]:
-    """(seconds per microbatch of each stage, seconds per microbatch across each cut)."""
+def segment_costs(profile: Profile, chunks: int) -> tuple[list[float], list[float]]:
+    """(seconds per microbatch of each segment, seconds per microbatch of a cut before segment i + 1)."""
     if chunks < 1 or profile.batch_size % chunks:
         raise ValueError(f"chunks {chunks} must divide batch size {profile.batch_size}")
     m = profile.batch_size // chunks
-    segs = profile.segments
-    stages = [sum(s.latency(m) for s in segs[a:b]) + profile.step_overhead_s for a, b in _bounds(cuts, len(segs))]
-    links = [profile.link.time(segs[c - 1].out_bytes * m) for c in cuts]
-    return stages, links
+    seg = [s.latency(m) for s in profile.segments]
+    link = [profile.link.time(s.out_bytes * m) for s in profile.segments[:-1]]
+    return seg, link
+
+
+def stage_times(profile: Profile, cuts: Sequence[int], chunks: int) -> tuple[list[float], list[float]]:
+    """(seconds per microbatch of each stage, seconds per microbatch across each cut)."""
+    seg, link = segment_costs(profile, chunks)
+    stages = [sum(seg[a:b]) + profile.step_overhead_s for a, b in _bounds(cuts, len(seg))]
+    return stages, [link[c - 1] for c in cuts]
 
 
 def simulate_times(stages: Sequence[float], links: Sequence[float], chunks: int) -> tuple[float, float]:

@@ -103,7 +103,7 @@ def _preload() -> None:
 def join_group(rank: int, cfg: WorkerConfig) -> RankState:
     """Join the pipeline's process group (gloo on CPU, NCCL on CUDA) and set up this rank's state."""
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    os.environ.setdefault("KINETO_LOG_LEVEL", "5")  # torch.profiler (--profile) is chatty on stderr otherwise
+    os.environ.setdefault("KINETO_LOG_LEVEL", "5")  # torch.profiler (--trace) is chatty on stderr otherwise
     backend = "nccl" if cfg.device == "cuda" else "gloo"
     if cfg.device == "cuda":
         torch.cuda.set_device(gpu_index(rank, cfg))

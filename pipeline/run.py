@@ -26,7 +26,7 @@ examples:
   # run an exported best split again and save what it measured
   python -m pipeline.run --split results/<study>/best_split.json --repeats 5 --out rerun.json
   # where the time goes: a Gantt chart of the stages and torch.profiler traces per rank
-  python -m pipeline.run --stages 2 --policy equal-size --chunks 8 --timeline t.png --profile results/traces
+  python -m pipeline.run --stages 2 --policy equal-size --chunks 8 --timeline t.png --trace results/traces
   # the stages on two nodes: run this on each (torchrun's ranks become the stage workers)
   torchrun --nnodes 2 --nproc-per-node 1 --rdzv-backend c10d --rdzv-endpoint HOST:29500 \\
       -m pipeline.run --split-points blocks.6 --chunks 16
@@ -94,7 +94,7 @@ def _parser() -> argparse.ArgumentParser:
                    help="skip timing the serial model on all the pipeline's threads")
     m.add_argument("--out", metavar="FILE", help="write plan + measured result + provenance (best_split.json shape)")
     m.add_argument("--timeline", metavar="PNG", help="draw the measured per-stage timeline (Gantt chart) of the last repeat")
-    m.add_argument("--profile", nargs="?", const="results/traces", default=None, metavar="DIR",
+    m.add_argument("--trace", "--profile", dest="trace", nargs="?", const="results/traces", default=None, metavar="DIR",
                    help="one more run under torch.profiler: a chrome trace per rank in DIR (default results/traces; "
                    "open in https://ui.perfetto.dev)")
     return p
@@ -179,7 +179,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if code is not None:
             return code
         cfg = RunConfig(repeats=args.repeats, warmup=args.warmup, timeout_s=args.timeout,
-                        serial_all=not args.no_serial_all, trace_dir=args.profile)
+                        serial_all=not args.no_serial_all, trace_dir=args.trace)
         plan = plan_from_args(args)
         print(f"plan: {plan.describe()}, {plan.threads_per_stage} thread(s)/stage on {plan.device}", flush=True)
         result = run_plan(plan, cfg)

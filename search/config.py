@@ -53,7 +53,7 @@ class SearchConfig:
     results_dir: str = "results"
     progress: bool = True
     trace: bool = False
-    """Run the confirmed best plan once more under torch.profiler (``--profile``)."""
+    """Run the confirmed best plan once more under torch.profiler (``--trace``, also spelt ``--profile``)."""
     artifact_dir: str | None = None
     artifacts: bool = True
     backend: str = "torch"
@@ -86,7 +86,7 @@ class SearchConfig:
                    min_trial_seconds=args.min_trial_seconds, trial_timeout_s=args.trial_timeout,
                    confirm_top=args.confirm_top, confirm_rounds=args.confirm_rounds, prune=not args.no_prune,
                    storage=args.storage, study_name=getattr(args, "study_name", None), out=getattr(args, "out", None),
-                   results_dir=args.results_dir, progress=not args.no_progress, trace=args.profile,
+                   results_dir=args.results_dir, progress=not args.no_progress, trace=args.trace,
                    artifact_dir=args.artifact_dir, artifacts=not args.no_artifacts, backend=args.backend or "torch",
                    schedule=args.schedule or "GPipe", device=args.device or "cpu",
                    threads_per_stage=args.threads_per_stage)

@@ -30,7 +30,7 @@ examples:
   python -m search.optimize --model resnet50 --image-size 160 --batch-size 8 --stages 2
   python -m search.optimize --stages 2 --storage results/study.log   # a journal file instead of SQLite
   # resume: run the same command again; --trials is the study's total of measured trials
-  python -m search.optimize --stages 2 --profile            # + torch.profiler traces of the best plan
+  python -m search.optimize --stages 2 --trace              # + torch.profiler traces of the best plan
   # several workers on one study (run the same command on each; --trials is the study's total)
   python -m search.optimize --stages 2 --storage results/study.log            # one host: a journal file
   python -m search.optimize --stages 2 --storage postgresql://user@db/pipesplit  # many hosts
@@ -86,7 +86,7 @@ def build_parser(prog: str, description: str, epilog: str, *, sweep: bool = Fals
 def add_output_args(p: argparse.ArgumentParser) -> None:
     """Flags for what a search leaves to look at besides its tables (shared with ``search.sweep``)."""
     o = p.add_argument_group("what to look at")
-    o.add_argument("--profile", action="store_true",
+    o.add_argument("--trace", "--profile", dest="trace", action="store_true",
                    help="after the search, run the best plan once more under torch.profiler and save a chrome "
                    "trace per rank under results/<study>/traces/ (open in https://ui.perfetto.dev)")
     o.add_argument("--artifact-dir", default=None,

@@ -24,7 +24,7 @@ from pipeline.core.errors import PipesplitError
 EXAMPLES = """\
 examples:
   python -m search.sweep --stages 2 3 4 6                   # DeiT-S, batch 32, CPU (long: ~15 min per count here)
-  python -m search.sweep --stages 2 3 4 --trials 8 --profile
+  python -m search.sweep --stages 2 3 4 --trials 8 --trace
   python -m search.sweep --model resnet50 --image-size 160 --batch-size 8 --stages 2 3
   # re-running resumes every study; the report is rebuilt from the new confirmation round
   python -m search.sweep --stages 2 3 4 --report-only         # rebuild the report from the stored studies

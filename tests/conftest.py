@@ -13,8 +13,11 @@ from pathlib import Path
 
 import pytest
 
+from costmodel.types import Link, Profile, Segment
 from pipeline.core.spec import ModelSpec
 from pipeline.models import resolve_spec
+from pipeline.timeline import Timeline
+from search.report import PolicyRow
 
 TINY_VIT = {"depth": 4, "img_size": 32, "patch_size": 8, "embed_dim": 48, "num_heads": 2, "num_classes": 10}
 TINY_VIT_ARGS = ["--model", "deit_tiny_patch16_224", "--model-kwargs", json.dumps(TINY_VIT), "--batch-size", "8"]
@@ -25,9 +28,9 @@ def tiny_spec() -> ModelSpec:
     return resolve_spec("deit_tiny_patch16_224", kwargs=TINY_VIT, batch_size=8)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def pool2():
-    """One 2-stage gloo pool shared by a test module: start-up is paid once, as in a real search."""
+    """One 2-stage gloo pool shared by the whole session: start-up is paid once, as in a real search."""
     from pipeline.pool import StagePool
 
     with StagePool(2, threads_per_stage=1, quiet=True) as pool:
@@ -61,3 +64,31 @@ def dashboard(storage: str, *extra: str):
     finally:
         server.terminate()
         server.wait(timeout=10)
+
+
+# ---- plain builders shared by test modules (pure data, no processes) ----
+
+def toy_profile(per_sample, out_bytes=0, batch=8, latency=0.0, bandwidth=1e9, overhead=0.0):
+    segs = tuple(
+        Segment(fqn=f"blocks.{i}", flops=100, param_bytes=4, out_bytes=out_bytes if i < len(per_sample) - 1 else 0,
+                latency_s={m: t * m for m in (1, 2, 4, 8)})
+        for i, t in enumerate(per_sample)
+    )
+    return Profile(model={"name": "toy"}, device="cpu", threads=1, granularity="block", batch_size=batch,
+                   segments=segs, link=Link(latency_s=latency, bandwidth_Bps=bandwidth), step_overhead_s=overhead)
+
+
+def good_timeline() -> Timeline:
+    # 2 stages, 2 microbatches: rank 1 receives each microbatch after rank 0 computed it
+    compute = [[(0, 0.0, 1.0), (1, 1.1, 2.0)], [(0, 1.2, 2.2), (1, 2.3, 3.0)]]
+    comm = [[("send", 1.0, 1.05), ("send", 2.0, 2.05), ("send_wait", 2.1, 2.2)],
+            [("recv", 0.0, 1.15), ("recv", 2.2, 2.25)]]
+    return Timeline.from_events(compute, comm)
+
+
+def report_row(**kw) -> PolicyRow:
+    base = dict(stages=2, source="uniform", trial=3, best=False, split_points=("blocks.2",),
+                stage_ranges=("patch_embed..blocks.1", "blocks.2..head"), chunks=4, predicted=1.8, measured=1.5,
+                spread=(1.4, 1.6), compute_s=(1.0, 0.5), send_s=(0.05, 0.0), serial_s=1.5)
+    base.update(kw)
+    return PolicyRow(**base)

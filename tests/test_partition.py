@@ -6,7 +6,7 @@ from hypothesis import strategies as st
 
 from costmodel.partition import best_cuts, optimal, ranked
 from costmodel.simulate import simulate
-from tests.test_simulate import profile
+from tests.conftest import toy_profile as profile
 
 
 def brute(seg, link, stages, chunks, overhead=0.0):

@@ -4,8 +4,8 @@ import matplotlib.image
 
 from pipeline.timeline import Timeline
 from search.plots import compute_comm, predicted_vs_measured, speedup_vs_stages
-from tests.test_report import row
-from tests.test_timeline import good
+from tests.conftest import good_timeline as good
+from tests.conftest import report_row as row
 
 
 def valid_png(path) -> bool:

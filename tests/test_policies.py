@@ -84,3 +84,18 @@ def test_nearest_boundaries_maps_mid_block_cuts_to_block_cuts():
     assert nearest_boundaries([0.95, 0.99], before) == [3, 4]  # the first leaves room for the second
     with pytest.raises(ValueError, match="do not fit"):
         nearest_boundaries([0.1] * 5, before)
+
+
+def test_the_registry_is_the_one_set_of_names():
+    from pipeline.core.policies import ALIASES, PIPPY, POLICIES, PolicyInputs, policy
+
+    assert list(POLICIES) == [PIPPY, "uniform", "params-balanced", "time-balanced", "flops-balanced"]
+    assert policy("equal-size") is POLICIES[PIPPY] and policy("params").name == "params-balanced"
+    assert set(ALIASES.values()) <= set(POLICIES)
+    inputs = PolicyInputs(unit_elements=(4, 4, 4, 4), segment_elements=(1, 1, 10, 1))
+    assert POLICIES[PIPPY].cuts(inputs, 2) == [2] and POLICIES[PIPPY].on_units
+    assert POLICIES["params-balanced"].cuts(inputs, 2) == [2]
+    with pytest.raises(ValueError, match="only a profile measures"):
+        POLICIES["time-balanced"].cuts(inputs, 2)
+    with pytest.raises(ValueError, match="policy 'nope' is unknown: use one of pippy-equal-size"):
+        policy("nope")

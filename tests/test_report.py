@@ -5,16 +5,9 @@ import math
 import pytest
 
 from search.report import PolicyRow, losses, markdown, reading, stage_ranges, table
+from tests.conftest import report_row as row
 
 SEGS = ["patch_embed", "blocks.0", "blocks.1", "blocks.2", "blocks.3", "norm", "head"]
-
-
-def row(**kw) -> PolicyRow:
-    base = dict(stages=2, source="uniform", trial=3, best=False, split_points=("blocks.2",),
-                stage_ranges=("patch_embed..blocks.1", "blocks.2..head"), chunks=4, predicted=1.8, measured=1.5,
-                spread=(1.4, 1.6), compute_s=(1.0, 0.5), send_s=(0.05, 0.0), serial_s=1.5)
-    base.update(kw)
-    return PolicyRow(**base)
 
 
 def test_stage_ranges_name_first_and_last_block_per_stage():

@@ -3,17 +3,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from costmodel.simulate import closed_form_makespan, simulate, simulate_times
-from costmodel.types import Link, Profile, Segment
-
-
-def profile(per_sample, out_bytes=0, batch=8, latency=0.0, bandwidth=1e9, overhead=0.0):
-    segs = tuple(
-        Segment(fqn=f"blocks.{i}", flops=100, param_bytes=4, out_bytes=out_bytes if i < len(per_sample) - 1 else 0,
-                latency_s={m: t * m for m in (1, 2, 4, 8)})
-        for i, t in enumerate(per_sample)
-    )
-    return Profile(model={"name": "toy"}, device="cpu", threads=1, granularity="block", batch_size=batch,
-                   segments=segs, link=Link(latency_s=latency, bandwidth_Bps=bandwidth), step_overhead_s=overhead)
+from costmodel.types import Segment
+from tests.conftest import toy_profile as profile
 
 
 @pytest.mark.parametrize("stages, chunks", [(2, 1), (2, 4), (4, 8), (3, 2)])

@@ -3,14 +3,7 @@
 import pytest
 
 from pipeline.timeline import Span, Timeline, render
-
-
-def good() -> Timeline:
-    # 2 stages, 2 microbatches: rank 1 receives each microbatch after rank 0 computed it
-    compute = [[(0, 0.0, 1.0), (1, 1.1, 2.0)], [(0, 1.2, 2.2), (1, 2.3, 3.0)]]
-    comm = [[("send", 1.0, 1.05), ("send", 2.0, 2.05), ("send_wait", 2.1, 2.2)],
-            [("recv", 0.0, 1.15), ("recv", 2.2, 2.25)]]
-    return Timeline.from_events(compute, comm)
+from tests.conftest import good_timeline as good
 
 
 def test_spans_are_numbered_per_kind_and_sorted():

@@ -1,0 +1,36 @@
+"""SearchConfig: the cheap checks happen before anything is built or measured."""
+
+import pytest
+
+from pipeline.core.errors import PipesplitError
+from search.config import SearchConfig, default_study_name, parse_chunks
+from search.optimize import build_parser
+
+
+def test_flags_become_a_frozen_config():
+    args = build_parser("p", "", "").parse_args(["--stages", "3", "--chunks", "2,4", "--no-prune", "--trace"])
+    cfg = SearchConfig.from_args(args, args.stages)
+    assert (cfg.stages, cfg.chunks, cfg.prune, cfg.trace, cfg.model.name) == (3, (2, 4), False, True,
+                                                                                 "deit_small_patch16_224")
+    with pytest.raises(AttributeError):
+        cfg.stages = 2  # type: ignore[misc]
+
+
+@pytest.mark.parametrize("kw, message", [
+    ({"stages": 1}, "--stages must be at least 2"),
+    ({"trials": 0}, "--trials must be at least 1"),
+    ({"repeats": 0}, "--repeats must be at least 1"),
+    ({"timeout_s": -1}, "--timeout must be a positive number"),
+    ({"min_trial_seconds": float("nan")}, "--min-trial-seconds must be 0 or more"),
+])
+def test_bad_settings_are_one_line(kw, message):
+    with pytest.raises(PipesplitError, match=message):
+        SearchConfig(**kw)
+
+
+def test_chunks_and_study_names():
+    assert parse_chunks("1, 4,16") == (1, 4, 16)
+    with pytest.raises(PipesplitError, match="must be comma-separated integers"):
+        parse_chunks("a,b")
+    assert default_study_name("m", 2, 8, "cpu", "block") == "m-s2-b8-cpu"
+    assert default_study_name("m", 2, 8, "cpu", "layer") == "m-s2-b8-cpu-layer"

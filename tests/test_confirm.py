@@ -1,0 +1,21 @@
+"""The confirmation round as the study keeps it: medians, the best plan, PiPPy's row, JSON round trip."""
+
+import math
+
+from search.confirm import Confirmation, Confirmed
+
+
+def row(trial, source, speedups):
+    return Confirmed(trial=trial, source=source, split_points=("blocks.2",), chunks=4, search_speedup=1.5,
+                     speedups=tuple(speedups))
+
+
+def test_the_best_is_the_highest_median_and_pippy_is_found_in_merged_sources():
+    c = Confirmation(rounds=2, repeats_per_run=2, plans=(row(3, "tpe", [1.5, 1.7, 1.6]),
+                                                         row(0, "pippy-equal-size+uniform", [1.2, 1.3]),
+                                                         row(5, "costmodel-optimum", [])))
+    assert c.best_trial == 3 and c.row(3).median == 1.6 and c.row(3).spread == (1.5, 1.7)
+    assert c.pippy.trial == 0 and math.isnan(c.row(5).median)
+    again = Confirmation.from_dict(c.to_dict())
+    assert again == c and again.to_dict()["best_trial"] == 3
+    assert Confirmation.from_dict(None) is None

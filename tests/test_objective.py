@@ -1,0 +1,24 @@
+"""Pieces of a search trial that need no study: the plan key and a result's trial attributes."""
+
+from pipeline.core.plan import SplitPlan, SplitPoint
+from pipeline.core.result import TrialResult
+from pipeline.core.spec import ModelSpec
+from search.objective import plan_key, result_attrs
+
+SPEC = ModelSpec(name="m", batch_size=4)
+
+
+def test_plans_differing_only_in_chunks_have_different_keys():
+    a = SplitPlan(model=SPEC, split_points=(SplitPoint("b.1"),), chunks=2)
+    b = SplitPlan(model=SPEC, split_points=(SplitPoint("b.1"),), chunks=4)
+    assert plan_key(a) != plan_key(b) and plan_key(a) == plan_key(SplitPlan.from_dict(a.to_dict()))
+
+
+def test_trial_attributes_are_a_subset_of_the_result_shape():
+    plan = SplitPlan(model=SPEC, split_points=(SplitPoint("b.1"),), chunks=2)
+    ok = TrialResult(plan=plan, ok=True, serial_s=(2.0,), pipeline_s=(1.0,), stage_compute_s=(0.5, 0.5),
+                     stage_comm_s=(0.1, 0.1), boundary_bytes=(8,), peak_mem_bytes=(1, 2), wall_s=3.0)
+    attrs = result_attrs(ok)
+    assert attrs["pipeline_s"] == [1.0] and attrs["measured_s"] == 1.0 and attrs["output_check"] == "ok"
+    assert set(attrs) - {"measured_s", "output_check", "trial_wall_s"} <= set(ok.measured())
+    assert result_attrs(TrialResult.failed(plan, "boom")) == {"fail_reason": "boom"}

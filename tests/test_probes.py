@@ -1,0 +1,22 @@
+"""Segment timing in this process: one latency per candidate segment and size, bytes across each cut."""
+
+import torch
+
+from pipeline.candidates import find_candidates
+from pipeline.models import build_model
+from pipeline.probes import time_segments, timed_repeats
+
+
+def test_every_segment_is_timed_at_every_size(tiny_spec):
+    out = time_segments(tiny_spec, granularity="block", micro=[1, 4], repeats=1, warmup=0, device=torch.device("cpu"))
+    cands = find_candidates(build_model(tiny_spec), tiny_spec)
+    assert out.blocks == cands.blocks
+    assert set(out.latency_s) == {1, 4} and all(len(v) == len(cands.blocks) for v in out.latency_s.values())
+    assert all(t > 0 for t in out.latency_s[4])
+    tokens = (32 // 8) ** 2 + 1
+    assert out.cross_bytes[1] == tokens * 48 * 4  # between two ViT blocks: one sample's tokens
+    assert len(out.param_bytes) == len(cands.blocks) and sum(out.param_bytes) > 0
+
+
+def test_small_microbatches_are_timed_over_a_whole_batch():
+    assert timed_repeats(3, 1, 32) == 32 and timed_repeats(3, 32, 32) == 3

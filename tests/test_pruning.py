@@ -1,0 +1,23 @@
+"""The pruning rule on its own: numbers in, a reason or None out."""
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from search.pruning import PRUNE_AFTER, prune_reason
+
+
+def test_no_pruning_before_enough_plans_are_measured():
+    assert prune_reason(0.1, [(2.0, 2.0)] * (PRUNE_AFTER - 1)) is None
+
+
+def test_a_plan_clearly_behind_even_when_corrected_optimistically_is_pruned():
+    done = [(1.5, 3.0), (1.6, 3.0), (1.0, 1.5)]  # the most optimistic measured/predicted ratio is 1/1.5
+    assert prune_reason(1.5, done) is not None  # 1.5 * 0.667 = 1.0 < 0.97 * 1.6
+    assert "at best 1.00x vs measured best 1.60x" in prune_reason(1.5, done)
+    assert prune_reason(2.4, done) is None  # 2.4 * 0.667 = 1.6: could tie the best, so it runs
+
+
+@given(st.lists(st.tuples(st.floats(0.1, 5), st.floats(0.1, 5)), min_size=3, max_size=8))
+def test_a_plan_predicted_at_least_as_well_as_the_best_is_never_pruned(done):
+    best_pred = max(p for m, p in done if m == max(m for m, _ in done))
+    assert prune_reason(best_pred, done) is None
