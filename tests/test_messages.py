@@ -6,7 +6,8 @@ from pipeline.messages import ErrorReply, Lost, SegmentReply, TrialOptions
 
 
 def test_messages_pickle_and_compare_by_value(tmp_path):
-    for msg in (TrialOptions(repeats=2, trace_dir="t"), ErrorReply(rank=1, error="x", fatal=True, max_abs_diff=0.0, tolerance=1.0),
+    for msg in (TrialOptions(repeats=2, trace_dir="t"),
+                ErrorReply(rank=1, error="x", fatal=True, max_abs_diff=0.0, tolerance=1.0),
                 SegmentReply(rank=0, blocks=("a", "b"), latency_s={1: (0.1, 0.2)}, spread={1: ((0.1, 0.1), (0.2, 0.3))}),
                 Lost(rank=0, why="died", dead=True)):
         assert pickle.loads(pickle.dumps(msg)) == msg
