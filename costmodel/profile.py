@@ -149,8 +149,8 @@ def load_or_profile(spec: ModelSpec, *, device: str = "cpu", threads: int = 1, g
     if path.exists() and not reprofile:
         try:
             return Profile.from_dict(json.loads(path.read_text())), True
-        except (ValueError, KeyError, json.JSONDecodeError):
-            pass  # an unreadable or old cache entry is measured again
+        except Exception as e:  # noqa: BLE001 - a truncated, old or hand-edited cache entry is measured again
+            print(f"profile cache {path} is unreadable ({type(e).__name__}): profiling again", file=sys.stderr)
     if not quiet:
         print(f"profiling {spec.name} (batch {spec.batch_size}, {threads} thread(s), {device}, {concurrency} "
               f"stage(s) at once) at microbatch sizes {micro} ...", file=sys.stderr, flush=True)
@@ -183,10 +183,10 @@ def add_cache_args(p: argparse.ArgumentParser) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from pipeline.cli import add_model_args, spec_from_args
+    from pipeline.cli import Parser, add_model_args, spec_from_args
     from pipeline.core.atomic import write_json
 
-    p = argparse.ArgumentParser(prog="python -m costmodel.profile", description=__doc__,
+    p = Parser(prog="python -m costmodel.profile", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
                                 epilog="example:\n  python -m costmodel.profile --threads 1 --out deit_profile.json")
     add_model_args(p)

@@ -49,33 +49,25 @@ def noise_ceiling(predicted: Sequence[float], repeats: Sequence[Sequence[float]]
     return sum(self_tau) / len(self_tau), sum(pred_tau) / len(pred_tau)
 
 
-def _parse_chunks(text: str, batch: int) -> list[int]:
-    """The chunk counts to try; each must divide the batch, as the pipeline splits it evenly."""
-    try:
-        chunks = [int(c) for c in text.split(",")]
-    except ValueError:
-        raise PipesplitError(f"--chunks {text!r} is not a comma-separated list of integers: e.g. --chunks 1,4,8") from None
-    bad = [m for m in chunks if m < 1 or batch % m]
-    if bad:
-        raise PipesplitError(f"--chunks {bad} do not divide the batch size {batch}: use divisors of {batch}")
-    return chunks
+DEFAULT_CHUNKS = (1, 4, 8, 16, 32)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     from tqdm import tqdm
 
     from costmodel.profile import add_cache_args, load_or_profile
-    from pipeline.cli import add_model_args, spec_from_args
-    from pipeline.core.plan import SplitPlan, SplitPoint
+    from pipeline.cli import Parser, add_model_args, spec_from_args
+    from pipeline.core.plan import SplitPlan, SplitPoint, choose_chunks, parse_chunks
     from pipeline.pool import StagePool
     from pipeline.rounds import interleaved
 
-    p = argparse.ArgumentParser(prog="python -m costmodel.validate", description=__doc__,
+    p = Parser(prog="python -m costmodel.validate", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
                                 epilog="example:\n  python -m costmodel.validate --stages 2 --chunks 1,4,8,16,32")
     add_model_args(p)
     p.add_argument("--stages", type=int, default=2)
-    p.add_argument("--chunks", default="1,4,8,16,32", help="comma-separated chunk counts (default 1,4,8,16,32)")
+    p.add_argument("--chunks", default=None, help="comma-separated chunk counts, each dividing the batch (default: "
+                   f"those of {','.join(map(str, DEFAULT_CHUNKS))} that divide it)")
     p.add_argument("--cuts", type=int, default=5, help="how many cut placements to try (default 5)")
     p.add_argument("--threads-per-stage", type=int, default=1)
     p.add_argument("--backend", default="torch", choices=("torch", "pippy"))
@@ -89,7 +81,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = p.parse_args(argv)
     try:
         spec = spec_from_args(args)
-        chunks = _parse_chunks(args.chunks, spec.batch_size)
+        chunks = choose_chunks(None if args.chunks is None else parse_chunks(args.chunks), spec.batch_size,
+                               DEFAULT_CHUNKS)
         if args.repeats < 1 or args.rounds < 1:
             raise PipesplitError(f"--repeats {args.repeats} and --rounds {args.rounds} must be at least 1")
         prof, _ = load_or_profile(spec, device=args.device, threads=args.threads_per_stage,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NoReturn
 
 from pipeline.candidates import GRANULARITIES
 from pipeline.core.errors import PipesplitError
@@ -13,6 +13,13 @@ from pipeline.core.plan import BACKENDS, DEVICES, SCHEDULES
 from pipeline.core.spec import DTYPES, ModelSpec
 
 DEFAULT_MODEL = "deit_small_patch16_224"
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse, but a bad flag is one line (what was wrong, where to look), not the whole usage block."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"error: {message} (see {self.prog} --help)\n")
 
 
 def add_model_args(p: argparse.ArgumentParser) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import difflib
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -29,9 +30,14 @@ def _create(name: str, kwargs: dict[str, Any]) -> nn.Module:
     try:
         return timm.create_model(name, pretrained=False, **kwargs)
     except TypeError as e:
-        raise PipesplitError(f"model {name} rejected --model-kwargs {kwargs}: {e}") from None
-    except (AssertionError, ValueError, RuntimeError) as e:
-        raise PipesplitError(f"model {name} cannot be built with kwargs {kwargs}: {e}") from None
+        raise PipesplitError(f"model {name} rejected --model-kwargs {kwargs}: {_first(e)}") from None
+    except Exception as e:  # noqa: BLE001 - any failure to build from the user's kwargs is their input problem
+        raise PipesplitError(f"model {name} cannot be built with kwargs {kwargs}: {type(e).__name__}: {_first(e)}") from None
+
+
+def _first(e: BaseException) -> str:
+    lines = str(e).strip().splitlines()
+    return lines[0][:300] if lines else type(e).__name__
 
 
 def _native_input_shape(model: nn.Module, kwargs: dict[str, Any]) -> tuple[tuple[int, ...], bool]:
@@ -82,6 +88,21 @@ def resolve_spec(
     )
 
 
+def fit_input(spec: ModelSpec, *, given: bool) -> ModelSpec:
+    """``spec`` with the input shape its model takes: derived from the model when the plan gave none (as the
+    CLI derives it), checked against the model when it did (a fixed-size model names its own size)."""
+    model = _create(spec.name, dict(spec.kwargs))
+    native, fixed = _native_input_shape(model, dict(spec.kwargs))
+    if not given:
+        return replace(spec, input_shape=native)
+    shape = spec.input_shape
+    if len(shape) != len(native) or shape[0] != native[0] or (fixed and shape != native):
+        need = list(native) if fixed else f"{native[0]} channels"
+        raise PipesplitError(f"model.input_shape {list(shape)} does not fit {spec.name} with kwargs "
+                             f"{dict(spec.kwargs)}: it takes {need}; fix input_shape or leave it out to derive it")
+    return spec
+
+
 def torch_dtype(spec: ModelSpec) -> torch.dtype:
     dtype: torch.dtype = getattr(torch, spec.dtype)
     return dtype
@@ -92,18 +113,36 @@ def build_model(spec: ModelSpec) -> nn.Module:
     torch.manual_seed(spec.seed)
     model = _create(spec.name, dict(spec.kwargs))
     if spec.checkpoint:
-        try:
-            state = torch.load(spec.checkpoint, map_location="cpu", weights_only=True)
-        except Exception as e:  # noqa: BLE001 - any unreadable file is the user's input problem
-            raise PipesplitError(f"checkpoint {spec.checkpoint} could not be read ({type(e).__name__}: {e})") from None
-        if isinstance(state, dict) and "state_dict" in state:
-            state = state["state_dict"]
-        try:
-            model.load_state_dict(state)
-        except RuntimeError as e:
-            first = str(e).strip().splitlines()[0]
-            raise PipesplitError(f"checkpoint {spec.checkpoint} does not fit {spec.name}: {first}") from None
+        _load_checkpoint(model, spec.checkpoint, spec.name)
     return model.to(torch_dtype(spec)).eval()
+
+
+def _load_checkpoint(model: nn.Module, path: str, name: str) -> None:
+    """Load a local state_dict into ``model``; a file that does not fit is one line naming the first
+    missing and unexpected keys (or the first tensor whose shape differs)."""
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # noqa: BLE001 - any unreadable file is the user's input problem
+        why = "not a file of tensors that torch.load(weights_only=True) accepts" if "Unpickl" in type(e).__name__ \
+            else _first(e)
+        raise PipesplitError(f"checkpoint {path} could not be read ({type(e).__name__}: {why})") from None
+    if isinstance(state, dict) and isinstance(state.get("state_dict"), dict):
+        state = state["state_dict"]
+    if not isinstance(state, dict):
+        raise PipesplitError(f"checkpoint {path} holds a {type(state).__name__}, not a state_dict: save "
+                             "model.state_dict() with torch.save")
+    try:
+        result = model.load_state_dict(state, strict=False)
+    except RuntimeError as e:
+        lines = [ln.strip() for ln in str(e).strip().splitlines() if ln.strip()]
+        raise PipesplitError(f"checkpoint {path} does not fit {name}: {lines[1] if len(lines) > 1 else lines[0]}") from None
+    if result.missing_keys or result.unexpected_keys:
+        parts = []
+        if result.missing_keys:
+            parts.append(f"{len(result.missing_keys)} missing key(s), first {result.missing_keys[0]!r}")
+        if result.unexpected_keys:
+            parts.append(f"{len(result.unexpected_keys)} unexpected key(s), first {result.unexpected_keys[0]!r}")
+        raise PipesplitError(f"checkpoint {path} does not fit {name}: {'; '.join(parts)}")
 
 
 def example_input(spec: ModelSpec, device: str | torch.device = "cpu") -> torch.Tensor:

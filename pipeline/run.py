@@ -8,7 +8,7 @@ import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from pipeline.cli import MODEL_FLAGS, add_model_args, add_runtime_args, spec_from_args
+from pipeline.cli import MODEL_FLAGS, Parser, add_model_args, add_runtime_args, spec_from_args
 from pipeline.core.errors import PipesplitError
 from pipeline.core.plan import SplitPlan, SplitPoint
 from pipeline.core.policies import ALIASES, POLICIES
@@ -67,7 +67,7 @@ def run_plan(plan: SplitPlan, cfg: RunConfig) -> TrialResult:
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = Parser(
         prog="python -m pipeline.run",
         description="Run a split plan as a real pipeline (one process per stage, gloo on CPU, NCCL on CUDA), "
         "check its output against the unsplit model, and time it against the serial model in the same run.",
@@ -104,14 +104,17 @@ def plan_from_args(args: argparse.Namespace) -> SplitPlan:
     """The plan that the flags describe, validated against the model's real execution order."""
     from pipeline.candidates import find_candidates
     from pipeline.hosts import default_threads, resolve_device
-    from pipeline.models import build_model
+    from pipeline.models import build_model, fit_input
 
     if args.split:
         given = [f"--{f.replace('_', '-')}" for f in MODEL_FLAGS if getattr(args, f) is not None]
         given += [f"--{f}" for f in ("stages", "policy", "split_points", "chunks") if getattr(args, f) is not None]
         if given:
             raise PipesplitError(f"--split runs the saved plan as it is: drop {', '.join(given)}")
-        plan = SplitPlan.load(args.split)
+        raw = SplitPlan.read(args.split)
+        plan = SplitPlan.from_dict(raw)
+        # a plan without model.input_shape (hand-written, or from another tool) runs at the model's own size
+        plan = dataclasses.replace(plan, model=fit_input(plan.model, given="input_shape" in raw["model"]))
         device = resolve_device(plan.device, plan.stages)
         if device != plan.device:
             plan = dataclasses.replace(plan, device=device)
@@ -170,7 +173,7 @@ def format_result(result: TrialResult) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    from pipeline.core.atomic import write_json
+    from pipeline.core.atomic import check_writable, write_json
     from pipeline.export import document
     from pipeline.launch import follower_exit
 
@@ -180,6 +183,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             return code
         cfg = RunConfig(repeats=args.repeats, warmup=args.warmup, timeout_s=args.timeout,
                         serial_all=not args.no_serial_all, trace_dir=args.trace)
+        for path in (args.out, args.timeline):
+            if path:
+                check_writable(path)  # before the trial, not after it
         plan = plan_from_args(args)
         print(f"plan: {plan.describe()}, {plan.threads_per_stage} thread(s)/stage on {plan.device}", flush=True)
         result = run_plan(plan, cfg)
@@ -191,7 +197,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
             render(Timeline.from_result(result), args.timeline, title=f"{plan.describe()} - {result.speedup:.2f}x")
             print(f"wrote {args.timeline}")
-        if args.out:
+        if args.out and result.ok:  # a failed trial leaves no result file that could be mistaken for one
             write_json(args.out, document(plan, result, command="pipeline.run"))
             print(f"wrote {args.out}")
         return 0 if result.ok else 1

@@ -38,24 +38,27 @@ def _contiguous(mod: nn.Module, args: Any, out: Any) -> Any:
     return tree_map(lambda t: t.contiguous() if isinstance(t, torch.Tensor) else t, out)
 
 
-def _contiguous_inputs(mod: nn.Module, args: Any, kwargs: Any) -> Any:
-    """Make what crosses a BEGINNING cut contiguous before the cut: the hook runs before ``forward``, where
-    ``annotate_split_points`` puts ``pipe_split()``. torch's pipelining allocates the receive buffer with
-    the traced strides, so a strided view (a ViT's ``x[:, 0]`` before ``head``) would arrive in a
-    non-contiguous buffer that gloo refuses ("input tensor has to be contiguous")."""
-    from torch.utils._pytree import tree_map
+def contiguous_receives(split_gm: Any) -> int:
+    """Make every stage input that is received from another stage a contiguous buffer; returns how many.
 
-    fix = lambda t: t.contiguous() if isinstance(t, torch.Tensor) else t  # noqa: E731
-    return tree_map(fix, args), tree_map(fix, kwargs)
-
-
-def _fresh_with_cuts(model: nn.Module, plan: SplitPlan) -> nn.Module:
-    """A private copy whose BEGINNING cut modules make their inputs contiguous (see ``_contiguous_inputs``)."""
-    fresh = _fresh(model)
-    for p in plan.split_points:
-        if p.kind == "BEGINNING":
-            fresh.get_submodule(p.fqn).register_forward_pre_hook(_contiguous_inputs, with_kwargs=True)
-    return fresh
+    torch's pipelining allocates each receive buffer with the strides the trace saw (``empty_strided`` of
+    the placeholder's ``meta["val"]``); a value that crosses a cut as a strided view (a ViT's ``x[:, 0]``
+    before ``head``, a ConvNeXt activation after its NCHW->NHWC permute, at a BEGINNING or an END cut)
+    would arrive in a non-contiguous buffer, which gloo refuses ("input tensor has to be contiguous").
+    The sender's outputs are made contiguous (``_contiguous``); so are the buffers here. Eager stage code
+    does not depend on the strides of its inputs.
+    """
+    changed = 0
+    for sub in split_gm.children():
+        graph = getattr(sub, "graph", None)
+        if graph is None:
+            continue
+        for node in graph.nodes:
+            val = node.meta.get("val") if node.op == "placeholder" else None
+            if isinstance(val, torch.Tensor) and not val.is_contiguous():
+                node.meta["val"] = torch.empty(val.shape, dtype=val.dtype, device="meta")
+                changed += 1
+    return changed
 
 
 def use_codegen(module: nn.Module) -> None:
@@ -77,9 +80,10 @@ def _build_torch(plan: SplitPlan, model: nn.Module, x: torch.Tensor, rank: int, 
     spec = {fqn: getattr(SplitPoint, kind) for fqn, kind in plan.split_spec().items()}
     mb = x.chunk(plan.chunks)[0]
     # Trace with autograd on: tracing under no_grad breaks torch's unflatten on some versions.
-    pipe = pipeline(_fresh_with_cuts(model, plan), mb_args=(mb,), split_spec=spec)
+    pipe = pipeline(_fresh(model), mb_args=(mb,), split_spec=spec)
     if pipe.num_stages != plan.stages:
         raise RuntimeError(f"tracing produced {pipe.num_stages} stages, the plan has {plan.stages}")
+    contiguous_receives(pipe.split_gm)
     stage = pipe.build_stage(rank, device, group)
     del pipe
     use_codegen(stage.submod)

@@ -7,18 +7,12 @@ from dataclasses import dataclass, field
 
 from pipeline.cli import ModelArgs
 from pipeline.core.errors import PipesplitError
+from pipeline.core.plan import parse_chunks
 
-__all__ = ["DEFAULT_STORAGE", "SearchConfig", "default_study_name", "parse_chunks"]
+__all__ = ["DEFAULT_CHUNKS", "DEFAULT_STORAGE", "SearchConfig", "default_study_name"]
 
 DEFAULT_STORAGE = "sqlite:///results/optuna.db"
-
-
-def parse_chunks(text: str) -> tuple[int, ...]:
-    """``--chunks 1,4,16`` as integers, or one line that says how to write it."""
-    try:
-        return tuple(int(c) for c in text.split(",") if c.strip())
-    except ValueError:
-        raise PipesplitError(f"--chunks {text!r} must be comma-separated integers, e.g. 1,4,16") from None
+DEFAULT_CHUNKS = (1, 2, 4, 8, 16, 32)
 
 
 def default_study_name(model: str, stages: int, batch: int, device: str, granularity: str) -> str:
@@ -32,10 +26,8 @@ class SearchConfig:
 
     model: ModelArgs = field(default_factory=ModelArgs)
     stages: int = 4
-    chunks: tuple[int, ...] = (1, 2, 4, 8, 16, 32)
-    """Candidate chunk counts; those that do not divide the batch are dropped."""
-    chunks_text: str = "1,2,4,8,16,32"
-    """``chunks`` as the user typed them, for messages."""
+    chunks: tuple[int, ...] | None = None
+    """Chunk counts the user typed (each must divide the batch); None: those of ``DEFAULT_CHUNKS`` that do."""
     trials: int | None = None
     """Measured trials the study should hold in total (None: 12 for 2 stages, 14 otherwise)."""
     timeout_s: float | None = None
@@ -81,8 +73,9 @@ class SearchConfig:
     @classmethod
     def from_args(cls, args: argparse.Namespace, stages: int) -> SearchConfig:
         """The settings the flags describe, for ``stages`` stages (cheap checks only: nothing is built)."""
-        return cls(model=ModelArgs.from_args(args), stages=stages, chunks=parse_chunks(args.chunks),
-                   chunks_text=args.chunks, trials=args.trials, timeout_s=args.timeout, repeats=args.repeats,
+        return cls(model=ModelArgs.from_args(args), stages=stages,
+                   chunks=None if args.chunks is None else parse_chunks(args.chunks), trials=args.trials,
+                   timeout_s=args.timeout, repeats=args.repeats,
                    min_trial_seconds=args.min_trial_seconds, trial_timeout_s=args.trial_timeout,
                    confirm_top=args.confirm_top, confirm_rounds=args.confirm_rounds, prune=not args.no_prune,
                    storage=args.storage, study_name=getattr(args, "study_name", None), out=getattr(args, "out", None),

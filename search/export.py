@@ -56,7 +56,7 @@ def summary_table(rows: list[dict[str, Any]]) -> str:
 
 
 def export(study: optuna.Study, ctx: SearchContext, outdir: Path, *, confirmation: Confirmation | None,
-           out: str | None, storage_url: str) -> list[Path]:
+           out: str | None, storage_url: str, asked: int | None = None) -> list[Path]:
     """best_split.json (the confirmed best, or the best measured), trials.csv and summary.md."""
     paths = []
     best_no = confirmation.best_trial if confirmation else None
@@ -93,14 +93,48 @@ def export(study: optuna.Study, ctx: SearchContext, outdir: Path, *, confirmatio
     paths.append(write_with(outdir / "trials.csv", lambda tmp: df.to_csv(tmp, index=False)))
     rows = summary_rows(study, confirmation)
     table = summary_table(rows)
-    measured_n = sum(1 for t in study.trials if t.user_attrs.get(MEASURED))
-    text = (f"# {study.study_name}\n\n{measured_n} measured trials, {len(study.trials)} in all "
-            f"(the rest were pruned by the cost model, infeasible, or repeats of a measured plan).\n"
+    budget = budget_line(trial_counts(study), asked)
+    text = (f"# {study.study_name}\n\n{budget}\n\n"
             "Speedup = serial model on one stage's threads / pipeline, median over repeats; "
             "'confirmed' is the median of the interleaved confirmation round.\n\n" + table + "\n")
     paths.append(write_text(outdir / "summary.md", text))
     print(table)
+    print(budget)
     return paths
+
+
+def trial_counts(study: optuna.Study) -> dict[str, int]:
+    """How the study's trials ended: measured (by seeds and by the sampler), pruned, infeasible, repeated."""
+    out = {"stored": 0, "measured": 0, "seeds": 0, "pruned": 0, "infeasible": 0, "duplicates": 0, "skipped": 0}
+    for t in study.get_trials(deepcopy=False):
+        a = t.user_attrs
+        out["stored"] += 1
+        if a.get(MEASURED):
+            out["measured"] += 1
+            out["seeds"] += str(a.get("source", "tpe")) != "tpe"
+        elif a.get("pruned_by"):
+            out["pruned"] += 1
+        elif a.get("infeasible"):
+            out["infeasible"] += 1
+        elif "duplicate_of" in a:
+            out["duplicates"] += 1
+        elif a.get("skipped"):
+            out["skipped"] += 1
+    return out
+
+
+def budget_line(c: dict[str, int], asked: int | None) -> str:
+    """The search's budget in words: what was asked, what was measured, and why the rest was not."""
+    own = c["measured"] - c["seeds"]
+    text = (f"{c['measured']} measured trials ({c['seeds']} seeds, {own} the sampler's own)"
+            + (f" of {asked} asked for" if asked is not None else "") + f"; {c['stored']} stored in all.")
+    if asked is not None and c["measured"] < asked:
+        text += (f" The search stopped short: of the sampler's other proposals, {c['pruned']} were pruned by the "
+                 "cost model (predicted speedup, corrected by the most optimistic measured/predicted ratio so far, "
+                 f"below 97 % of the best measured), {c['infeasible']} were infeasible (cuts out of order) and "
+                 f"{c['duplicates']} repeated a measured plan. Run the same command with --no-prune to measure what "
+                 "the cost model pruned.")
+    return text
 
 
 def timeline_runs(confirmation: Confirmation | None) -> list[tuple[str, int, Any, Any]]:

@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.core.errors import PipesplitError
-from pipeline.core.plan import SplitPlan
-from search.config import DEFAULT_STORAGE, SearchConfig, default_study_name
+from pipeline.core.plan import SplitPlan, choose_chunks
+from search.config import DEFAULT_CHUNKS, DEFAULT_STORAGE, SearchConfig, default_study_name
 from search.confirm import Confirmation
 from search.coordination import others_running
 from search.objective import SearchContext
@@ -46,9 +46,9 @@ def _parser() -> argparse.ArgumentParser:
 
 def build_parser(prog: str, description: str, epilog: str, *, sweep: bool = False) -> argparse.ArgumentParser:
     """The search flags; ``sweep`` takes several stage counts and leaves out the one-study flags."""
-    from pipeline.cli import add_model_args, add_runtime_args
+    from pipeline.cli import Parser, add_model_args, add_runtime_args
 
-    p = argparse.ArgumentParser(prog=prog, description=description, epilog=epilog,
+    p = Parser(prog=prog, description=description, epilog=epilog,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     add_model_args(p)
     add_runtime_args(p)
@@ -58,8 +58,8 @@ def build_parser(prog: str, description: str, epilog: str, *, sweep: bool = Fals
                        help="stage counts to sweep, one study each (default 2 3 4 6)")
     else:
         s.add_argument("--stages", type=int, default=4, help="pipeline stages (default 4)")
-    s.add_argument("--chunks", default="1,2,4,8,16,32", help="candidate chunk counts, comma-separated; those not "
-                   "dividing the batch are dropped (default 1,2,4,8,16,32)")
+    s.add_argument("--chunks", default=None, help="candidate chunk counts, comma-separated, each dividing the batch "
+                   f"(default: those of {','.join(map(str, DEFAULT_CHUNKS))} that divide it)")
     s.add_argument("--trials", type=int, default=None,
                    help="measured trials each study should hold in total (default 12 for 2 stages, 14 otherwise"
                    + ("; 10 per stage count in a sweep)" if sweep else ")"))
@@ -133,22 +133,22 @@ def run_study(cfg: SearchConfig, *, references: bool = False) -> StudyRun:
 
     from costmodel.profile import load_or_profile
     from pipeline.candidates import find_candidates
+    from pipeline.core.atomic import check_writable
     from pipeline.hosts import default_threads, resolve_device
     from pipeline.launch import open_pool
     from pipeline.models import build_model
     from search.confirm import confirm
     from search.export import export, export_timelines
     from search.runner import run_loop, seed_count, seed_study, trial_repeats
-    from search.space import feasible_chunks
     from search.storage import open_storage
 
+    check_writable(cfg.results_dir, folder=True)
+    if cfg.out:
+        check_writable(cfg.out)
     device = resolve_device(cfg.device, cfg.stages)
     storage = open_storage(cfg.storage)
     spec = cfg.model.resolve()
-    chunks = feasible_chunks(spec.batch_size, cfg.chunks)
-    if not chunks:
-        raise PipesplitError(f"none of --chunks {cfg.chunks_text} divides batch size {spec.batch_size}: "
-                             f"use divisors such as 1,2,4")
+    chunks = choose_chunks(cfg.chunks, spec.batch_size, DEFAULT_CHUNKS)
     granularity = cfg.model.granularity
     cands = find_candidates(build_model(spec), spec, granularity)
     cands.check_stages(cfg.stages, spec.name)
@@ -215,7 +215,7 @@ def run_study(cfg: SearchConfig, *, references: bool = False) -> StudyRun:
             interrupted = True
             confirmation = None
             print("\ninterrupted: keeping every finished trial and exporting the best so far", file=sys.stderr)
-    paths = export(study, ctx, outdir, confirmation=confirmation, out=cfg.out, storage_url=cfg.storage)
+    paths = export(study, ctx, outdir, confirmation=confirmation, out=cfg.out, storage_url=cfg.storage, asked=trials)
     paths += export_timelines(study, outdir, confirmation, artifacts)
     return StudyRun(study=study, context=ctx, confirmation=confirmation, outdir=outdir, paths=paths + extra,
                     interrupted=interrupted, storage_url=cfg.storage)

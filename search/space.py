@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-__all__ = ["cut_ranges", "decode", "encode", "feasible_chunks", "violation"]
+__all__ = ["cut_ranges", "decode", "encode", "violation"]
 
 
 def cut_ranges(n_segments: int, stages: int) -> list[tuple[int, int]]:
@@ -20,15 +20,6 @@ def cut_ranges(n_segments: int, stages: int) -> list[tuple[int, int]]:
     if stages > n_segments:
         raise ValueError(f"{stages} stages need at least {stages} segments, the model has {n_segments}")
     return [(i + 1, n_segments - stages + i + 1) for i in range(stages - 1)]
-
-
-def feasible_chunks(batch_size: int, wanted: Sequence[int]) -> list[int]:
-    """The requested chunk counts that divide the batch, in order, without repeats."""
-    out = []
-    for c in wanted:
-        if c >= 1 and batch_size % c == 0 and c not in out:
-            out.append(c)
-    return out
 
 
 def violation(cuts: Sequence[int]) -> float:

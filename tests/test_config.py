@@ -3,7 +3,8 @@
 import pytest
 
 from pipeline.core.errors import PipesplitError
-from search.config import SearchConfig, default_study_name, parse_chunks
+from pipeline.core.plan import parse_chunks
+from search.config import SearchConfig, default_study_name
 from search.optimize import build_parser
 
 

@@ -96,3 +96,16 @@ def test_bad_input_exits_non_zero_with_one_line(tmp_path, extra, message):
     assert proc.returncode == 2, proc.stderr
     assert message in proc.stderr
     assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr
+
+
+def test_a_search_that_cannot_measure_what_was_asked_says_so_in_its_summary(tmp_path, capsys):
+    """40 trials asked of a space of a handful of plans: the summary says how many were measured, why the
+    rest were not, and how to measure them anyway."""
+    args = [*TINY_VIT_ARGS, "--stages", "2", "--chunks", "1", "--trials", "40", "--repeats", "1",
+            "--min-trial-seconds", "0", "--confirm-top", "1", "--confirm-rounds", "1", "--threads-per-stage", "1",
+            "--no-progress", "--no-artifacts", "--storage", f"sqlite:///{tmp_path}/o.db", "--results-dir", str(tmp_path)]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    summary = next(tmp_path.glob("*/summary.md")).read_text()
+    for text in (out, summary):
+        assert "of 40 asked for" in text and "stopped short" in text and "--no-prune" in text

@@ -126,3 +126,26 @@ def test_hung_trial_times_out_and_the_pool_restarts(pool2, tiny_spec):
             pass
     assert not r.ok and "did not answer within 5s" in r.reason
     assert pool2.run(plan(tiny_spec), repeats=1).ok
+
+
+CONVNEXT = {"depths": [1, 1, 1, 1], "dims": [8, 16, 24, 32]}
+SWIN = {"img_size": 64, "window_size": 2, "depths": [1, 1, 2, 1], "embed_dim": 24, "num_heads": [1, 1, 2, 2]}
+
+
+@pytest.mark.parametrize("backend", ["torch", "pippy"])
+@pytest.mark.parametrize("name, kwargs, image, cut", [
+    ("convnext_tiny", CONVNEXT, 128, "stages.3.blocks.0.mlp.fc1"),  # PiPPy's equal-size cut: after the NHWC permute
+    ("convnext_tiny", CONVNEXT, 128, "stages.3.blocks.0.norm:END"),  # an END cut on the permuted activation
+    ("swin_tiny_patch4_window7_224", SWIN, None, "layers.2.blocks.1.attn"),  # inside a Swin block
+    ("swin_tiny_patch4_window7_224", SWIN, None, "patch_embed.norm"),  # a strided value after the patch flatten
+])
+def test_any_cut_of_any_layout_arrives_contiguous_on_both_backends(pool2, backend, name, kwargs, image, cut):
+    """Every value that crosses a cut arrives in a contiguous buffer (gloo refuses others), wherever the cut
+    falls and whatever the layout of the value there."""
+    from pipeline.models import resolve_spec
+
+    spec = resolve_spec(name, kwargs=kwargs, batch_size=4, image_size=image)
+    plan = SplitPlan(model=spec, split_points=(SplitPoint.parse(cut),), chunks=2, backend=backend)
+    r = pool2.run(plan, repeats=1, warmup=0, serial_all=False, timeout_s=120)
+    assert r.ok, r.reason
+    assert r.max_abs_diff <= r.tolerance

@@ -1,10 +1,14 @@
 """The pipeline.run CLI: through main(argv) and as a subprocess, good runs and one-line errors."""
 
+import contextlib
+import io
 import json
 import subprocess
 import sys
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from pipeline.core.plan import SplitPlan
 from pipeline.run import main
@@ -80,3 +84,127 @@ def test_subprocess_error_has_no_traceback():
     assert proc.returncode == 2
     assert proc.stderr.strip() == "error: plan file /nonexistent.json does not exist: pass the path of a " \
                                   "best_split.json or plan JSON"
+
+
+# ---- plan files as users write them: every bad field is one line, a missing input shape is derived ----
+
+def _plan_file(tmp_path, spec, mutate=None, name="plan.json"):
+    from pipeline.core.plan import SplitPoint
+
+    d = SplitPlan(model=spec, split_points=(SplitPoint("blocks.2"),), chunks=2).to_dict()
+    if mutate:
+        mutate(d)
+    path = tmp_path / name
+    path.write_text(json.dumps(d))
+    return path
+
+
+RUN_FAST = ["--repeats", "1", "--warmup", "0", "--no-serial-all"]
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+def test_a_plan_without_input_shape_runs_at_the_models_own_size(tmp_path, capsys, tiny_spec):
+    """A hand-written plan has no model.input_shape: it runs at the size the model takes (32 px here), not 224."""
+    path = _plan_file(tmp_path, tiny_spec, lambda d: d["model"].pop("input_shape"))
+    assert main(["--split", str(path), *RUN_FAST]) == 0, capsys.readouterr()
+    assert "speedup" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("mutate, message", [
+    (lambda d: d["model"].update(input_shape=[3, 224, 224]),
+     "model.input_shape [3, 224, 224] does not fit deit_tiny_patch16_224 with kwargs"),
+    (lambda d: d.update(chunks="two"), "chunks 'two' must be an integer"),
+    (lambda d: d.update(stages="2"), "stages '2' must be an integer"),
+    (lambda d: d.update(threads_per_stage=1.5), "threads_per_stage 1.5 must be an integer"),
+    (lambda d: d["model"].update(batch_size="8"), "model.batch_size '8' must be an integer"),
+    (lambda d: d["model"].update(kwargs=[1]), "model.kwargs [1] must be a JSON object"),
+    (lambda d: d.update(split_points="blocks.1"), "split_points 'blocks.1' must be a list of"),
+    (lambda d: d["split_points"][0].update(kind=3), "split point 'blocks.2' kind 3 must be a string"),
+    (lambda d: d["split_points"][0].update(kind="MIDDLE"), "kind 'MIDDLE' for 'blocks.2' is unknown"),
+    (lambda d: d["split_points"].append(dict(d["split_points"][0])), "split point blocks.2:BEGINNING is repeated"),
+])
+def test_a_bad_plan_field_is_one_line_naming_field_value_and_type(tmp_path, capsys, tiny_spec, mutate, message):
+    path = _plan_file(tmp_path, tiny_spec, mutate)
+    out = tmp_path / "out.json"
+    assert main(["--split", str(path), *RUN_FAST, "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1 and "Traceback" not in err, err
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--stages", "0", "--policy", "uniform"], "--stages must be at least 2 (got 0)"),
+    (["--stages", "2", "--policy", "uniform", "--timeout", "-1"], "--timeout must be a positive number"),
+    (["--stages", "2", "--policy", "uniform", "--chunks", "a"], "argument --chunks: invalid int value: 'a'"),
+    (["--split-points", "blocks.1,blocks.1"], "split point blocks.1:BEGINNING is repeated"),
+    (["--stages", "2", "--policy", "uniform", "--out", "/proc/no/such/out.json"], "cannot write /proc/no/such/out.json"),
+])
+def test_more_bad_flags_are_one_line(capsys, argv, message):
+    with contextlib.suppress(SystemExit):
+        assert main([*TINY_VIT_ARGS, *argv]) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1, err
+
+
+def test_a_checkpoint_that_does_not_fit_names_its_first_missing_and_unexpected_keys(tmp_path, capsys):
+    import torch
+
+    ckpt = tmp_path / "w.pt"
+    torch.save({"head.weight": torch.zeros(1), "nonsense": torch.zeros(1)}, ckpt)
+    assert main([*TINY_VIT_ARGS, "--checkpoint", str(ckpt), "--stages", "2", "--policy", "uniform"]) == 2
+    err = capsys.readouterr().err
+    assert "does not fit deit_tiny_patch16_224" in err and err.count("\n") == 1, err
+    assert ("missing key(s), first" in err and "unexpected key(s), first 'nonsense'" in err) or "size mismatch" in err
+
+
+JUNK = st.one_of(st.none(), st.booleans(), st.integers(-3, 40), st.floats(allow_nan=True, allow_infinity=True),
+                 st.text(max_size=8), st.lists(st.integers(-1, 5), max_size=3),
+                 st.dictionaries(st.text(max_size=3), st.integers(-1, 3), max_size=2))
+FIELDS = [("version",), ("model",), ("model", "name"), ("model", "kwargs"), ("model", "batch_size"),
+          ("model", "input_shape"), ("model", "dtype"), ("model", "checkpoint"), ("model", "seed"), ("stages",),
+          ("split_points",), ("split_points", 0), ("split_points", 0, "fqn"), ("split_points", 0, "kind"),
+          ("chunks",), ("backend",), ("schedule",), ("device",), ("threads_per_stage",)]
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+@settings(max_examples=20, deadline=None, suppress_health_check=list(HealthCheck))
+@given(where=st.sampled_from(FIELDS), delete=st.booleans(), value=JUNK)
+def test_any_one_broken_field_gives_a_result_or_one_short_line(tmp_path_factory, tiny_spec, where, delete, value):
+    """A valid plan with one field deleted or replaced by junk: exit 0 with a result, 1 with a failed trial's
+    reason, or 2 with at most 3 lines on stderr; never a traceback, and no --out file unless it succeeded."""
+    tmp = tmp_path_factory.mktemp("junk")
+
+    def mutate(d):
+        *parents, last = where
+        for k in parents:
+            d = d[k]
+        if delete and isinstance(d, dict):
+            d.pop(last, None)
+        else:
+            d[last] = value
+
+    path = _plan_file(tmp, tiny_spec, mutate)
+    out = tmp / "out.json"
+    err, std = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(std):
+        code = main(["--split", str(path), *RUN_FAST, "--timeout", "120", "--out", str(out)])
+    text = err.getvalue()
+    assert "Traceback" not in text and "Traceback" not in std.getvalue(), (where, value, text)
+    assert code in (0, 1, 2), (where, value, code)
+    if code == 2:
+        assert 1 <= text.count("\n") <= 3 and text.startswith(("error:", "warning:")), (where, value, text)
+    assert out.exists() == (code == 0), (where, value, code)
+
+
+@pytest.mark.parametrize("mutate, message", [
+    (lambda d: d.update(chunks="two"), "chunks 'two' must be an integer"),
+    (lambda d: d.update(split_points="blocks.1"), "split_points 'blocks.1' must be a list of"),
+    (lambda d: d.pop("model"), "the plan has no 'model' key"),
+])
+def test_bad_plan_files_as_subprocesses(tmp_path, tiny_spec, mutate, message):
+    path = _plan_file(tmp_path, tiny_spec, mutate)
+    proc = subprocess.run([sys.executable, "-m", "pipeline.run", "--split", str(path)], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 2 and message in proc.stderr and proc.stderr.count("\n") == 1, proc.stderr

@@ -11,3 +11,13 @@ def test_summary_table_marks_the_best_and_a_failed_reference():
     lines = summary_table(rows).splitlines()
     assert lines[2] == "| BEST | tpe | 7 | blocks.2 | 4 | 1.80 | 1.70 | 1.65 |"
     assert lines[3].startswith("| reference | pippy-equal-size | 0 | blocks.1.mlp.fc1 | 2 | - | failed: rank 1")
+
+
+def test_a_search_that_measured_fewer_trials_than_asked_says_why():
+    from search.export import budget_line
+
+    counts = {"stored": 124, "measured": 4, "seeds": 4, "pruned": 100, "infeasible": 18, "duplicates": 2, "skipped": 0}
+    line = budget_line(counts, asked=8)
+    assert line.startswith("4 measured trials (4 seeds, 0 the sampler's own) of 8 asked for; 124 stored in all.")
+    assert "100 were pruned by the cost model" in line and "18 were infeasible" and "--no-prune" in line
+    assert "stopped short" not in budget_line(counts | {"measured": 8, "seeds": 4}, asked=8)

@@ -2,7 +2,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from search.space import cut_ranges, decode, encode, feasible_chunks, violation
+from pipeline.core.plan import choose_chunks
+from search.space import cut_ranges, decode, encode, violation
 
 
 def test_each_cut_has_its_own_fixed_range():
@@ -27,4 +28,4 @@ def test_violation_measures_how_unordered():
 
 def test_round_trip_and_chunks():
     assert decode(encode([2, 5], 8), 3) == ([2, 5], 8)
-    assert feasible_chunks(32, [1, 3, 4, 4, 64, 32]) == [1, 4, 32]
+    assert choose_chunks(None, 32, [1, 3, 4, 4, 64, 32]) == [1, 4, 32]  # defaults that do not divide are dropped

@@ -1,22 +1,22 @@
 """Stage builders' helpers that need no process group (the built stages run in test_pool and test_trial)."""
 
-import copy
-
 import torch
+from torch.distributed.pipelining import SplitPoint as TorchSplitPoint
+from torch.distributed.pipelining import pipeline
 
-from pipeline.core.plan import SplitPlan, SplitPoint
 from pipeline.models import build_model, example_input
-from pipeline.stages import _contiguous_inputs, _fresh_with_cuts
+from pipeline.stages import _fresh, contiguous_receives
 
 
-def test_the_model_is_never_modified_and_cut_inputs_are_made_contiguous(tiny_spec):
+def test_a_strided_value_crossing_a_cut_gets_a_contiguous_receive_buffer(tiny_spec):
+    """A cut before a ViT head sends ``x[:, 0]``: traced as a strided view, received into a contiguous buffer."""
     model = build_model(tiny_spec)
-    before = copy.deepcopy(model.state_dict())
-    plan = SplitPlan(model=tiny_spec, split_points=(SplitPoint("head"),), chunks=2)
-    fresh = _fresh_with_cuts(model, plan)
-    assert fresh is not model and not model.head._forward_pre_hooks and fresh.head._forward_pre_hooks
-    x = example_input(tiny_spec)
-    assert torch.equal(fresh(x), model(x))
-    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
-    args, kwargs = _contiguous_inputs(model.head, (torch.zeros(4, 3).t(),), {})
-    assert args[0].is_contiguous() and kwargs == {}
+    x = example_input(tiny_spec)[:2]
+    pipe = pipeline(_fresh(model), mb_args=(x,), split_spec={"head": TorchSplitPoint.BEGINNING})
+    second = list(pipe.split_gm.children())[1]
+    placeholders = [n for n in second.graph.nodes if n.op == "placeholder"]
+    assert not all(n.meta["val"].is_contiguous() for n in placeholders)
+    assert contiguous_receives(pipe.split_gm) >= 1
+    assert all(n.meta["val"].is_contiguous() for n in placeholders)
+    assert contiguous_receives(pipe.split_gm) == 0  # already done
+    assert torch.equal(_fresh(model)(x), model(x))  # a private copy runs as the model does

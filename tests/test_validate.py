@@ -48,3 +48,12 @@ def test_noise_ceiling_compares_repeats_with_each_other_and_with_the_prediction(
     self_tau, pred_tau = noise_ceiling([1, 2, 3], swapped)
     assert self_tau < 1.0 and pred_tau < 1.0
     assert noise_ceiling([1, 2], [[1.0], [2.0]]) is None
+
+
+def test_the_default_chunks_fit_any_batch(tmp_path, capsys):
+    """Batch 8 with no --chunks: the defaults that divide it (1, 4, 8) are used, 16 and 32 are not errors."""
+    code = main([*TINY_VIT_ARGS, "--stages", "2", "--cuts", "1", "--repeats", "1", "--rounds", "1",
+                 "--cache-dir", str(tmp_path / "profiles")])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    assert "over 3 plans" in out

@@ -16,7 +16,7 @@ from typing import Any
 
 from pipeline.core.errors import PipesplitError
 
-__all__ = ["atomic_path", "save_figure", "write_json", "write_text", "write_with"]
+__all__ = ["atomic_path", "check_writable", "save_figure", "write_json", "write_text", "write_with"]
 
 
 @contextmanager
@@ -35,6 +35,20 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def check_writable(path: str | Path, *, folder: bool = False) -> Path:
+    """Fail before any work when ``path`` (a file, or with ``folder`` a directory) could not be written."""
+    path = Path(path)
+    target = path if folder else path.parent
+    try:
+        target.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise PipesplitError(f"cannot write {path} ({e.strerror or e}): pick a writable folder") from None
+    if not os.access(target, os.W_OK | os.X_OK) or (not folder and path.is_dir()):
+        why = "it is a folder" if not folder and path.is_dir() else f"{target} is not writable"
+        raise PipesplitError(f"cannot write {path} ({why}): pick a writable path")
+    return path
 
 
 def write_text(path: str | Path, text: str) -> Path:

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from pipeline.core.errors import PipesplitError
+from pipeline.core.fields import read
 from pipeline.core.spec import ModelSpec
 
 PLAN_VERSION = 1
@@ -15,6 +17,30 @@ KINDS = ("BEGINNING", "END")
 BACKENDS = ("torch", "pippy")
 SCHEDULES = ("GPipe", "1F1B")
 DEVICES = ("cpu", "cuda")
+
+
+def parse_chunks(text: str) -> tuple[int, ...]:
+    """``--chunks 1,4,16`` as integers, or one line that says how to write it."""
+    try:
+        return tuple(int(c) for c in text.split(",") if c.strip())
+    except ValueError:
+        raise PipesplitError(f"--chunks {text!r} must be comma-separated integers, e.g. 1,4,16") from None
+
+
+def choose_chunks(typed: Sequence[int] | None, batch: int, default: Sequence[int]) -> list[int]:
+    """The chunk counts to try: those the user typed, each of which must divide the batch (the pipeline
+    splits it evenly), or else the defaults that divide it (a default never fails on a batch size)."""
+    if typed is None:
+        return [c for c in dict.fromkeys(default) if c >= 1 and batch % c == 0] or [1]
+    bad = [c for c in typed if c < 1 or batch % c]
+    if bad and len(bad) == len(typed):
+        shown = ",".join(map(str, typed))
+        raise PipesplitError(f"none of --chunks {shown} divides batch size {batch}: use divisors such as "
+                             f"{','.join(str(d) for d in range(1, batch + 1) if batch % d == 0)}")
+    if bad:
+        raise PipesplitError(f"--chunks {','.join(map(str, bad))} do not divide batch size {batch}: use divisors of "
+                             f"{batch} ({', '.join(str(d) for d in range(1, batch + 1) if batch % d == 0)})")
+    return list(dict.fromkeys(typed))
 
 
 @dataclass(frozen=True)
@@ -115,28 +141,33 @@ class SplitPlan:
             raise PipesplitError(f"a split plan must be a JSON object, not {type(d).__name__}")
         version = d.get("version", PLAN_VERSION)
         if version != PLAN_VERSION:
-            raise PipesplitError(f"plan version {version} is not supported (this pipesplit reads {PLAN_VERSION})")
+            raise PipesplitError(f"plan version {version!r} is not supported (this pipesplit reads {PLAN_VERSION})")
         for key in ("model", "split_points"):
             if key not in d:
                 raise PipesplitError(f"the plan has no {key!r} key: export plans with pipesplit or see results/README.md")
+        raw = d["split_points"]
+        if not isinstance(raw, list):
+            raise PipesplitError(f"split_points {raw!r} must be a list of {{\"fqn\": ..., \"kind\": \"BEGINNING\"|\"END\"}} "
+                                 "objects, e.g. [{\"fqn\": \"blocks.6\", \"kind\": \"BEGINNING\"}]")
         points = []
-        for p in d["split_points"]:
+        for p in raw:
             if isinstance(p, str):
                 points.append(SplitPoint.parse(p))
             elif isinstance(p, dict) and "fqn" in p:
-                points.append(SplitPoint(p["fqn"], p.get("kind", "BEGINNING")))
+                points.append(SplitPoint(read(p, "fqn", str, where="split point "),
+                                         read(p, "kind", str, "BEGINNING", where=f"split point {p.get('fqn')!r} ")))
             else:
                 raise PipesplitError(f"split point {p!r} must be {{'fqn': ..., 'kind': 'BEGINNING'|'END'}}")
         plan = cls(
             model=ModelSpec.from_dict(d["model"]),
             split_points=tuple(points),
-            chunks=int(d.get("chunks", 1)),
-            backend=d.get("backend", "torch"),
-            schedule=d.get("schedule", "GPipe"),
-            device=d.get("device", "cpu"),
-            threads_per_stage=int(d.get("threads_per_stage", 1)),
+            chunks=read(d, "chunks", int, 1),
+            backend=read(d, "backend", str, "torch"),
+            schedule=read(d, "schedule", str, "GPipe"),
+            device=read(d, "device", str, "cpu"),
+            threads_per_stage=read(d, "threads_per_stage", int, 1),
         )
-        if "stages" in d and int(d["stages"]) != plan.stages:
+        if "stages" in d and read(d, "stages", int) != plan.stages:
             raise PipesplitError(
                 f"the plan says {d['stages']} stages but has {len(points)} split points ({plan.stages} stages): "
                 "give stages - 1 split points"
@@ -148,13 +179,19 @@ class SplitPlan:
 
         write_json(path, self.to_dict())
 
-    @classmethod
-    def load(cls, path: str | Path) -> SplitPlan:
+    @staticmethod
+    def read(path: str | Path) -> Any:
+        """A plan file's JSON, or one line for a file that is missing, unreadable or not JSON."""
         p = Path(path)
         try:
-            data = json.loads(p.read_text())
+            return json.loads(p.read_text())
         except FileNotFoundError:
             raise PipesplitError(f"plan file {p} does not exist: pass the path of a best_split.json or plan JSON") from None
+        except (OSError, UnicodeDecodeError) as e:
+            raise PipesplitError(f"plan file {p} cannot be read ({type(e).__name__}): pass a plan JSON file") from None
         except json.JSONDecodeError as e:
             raise PipesplitError(f"plan file {p} is not valid JSON ({e.msg} at line {e.lineno})") from None
-        return cls.from_dict(data)
+
+    @classmethod
+    def load(cls, path: str | Path) -> SplitPlan:
+        return cls.from_dict(cls.read(path))

@@ -7,6 +7,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from pipeline.core.errors import PipesplitError
+from pipeline.core.fields import int_list, read
 
 SPEC_VERSION = 1
 DTYPES = ("float32", "bfloat16", "float16")
@@ -61,9 +62,14 @@ class ModelSpec:
             raise PipesplitError(f"model entry {d!r} is not a model spec: it needs at least a 'name'")
         version = d.get("version", SPEC_VERSION)
         if version != SPEC_VERSION:
-            raise PipesplitError(f"model spec version {version} is not supported (this pipesplit reads {SPEC_VERSION})")
-        known = {"name", "kwargs", "batch_size", "input_shape", "dtype", "checkpoint", "seed"}
-        args = {k: v for k, v in d.items() if k in known}
-        if "input_shape" in args:
-            args["input_shape"] = tuple(args["input_shape"])
+            raise PipesplitError(f"model spec version {version!r} is not supported (this pipesplit reads {SPEC_VERSION})")
+        w = "model."
+        args: dict[str, Any] = {
+            "name": read(d, "name", str, where=w), "kwargs": dict(read(d, "kwargs", dict, {}, where=w)),
+            "batch_size": read(d, "batch_size", int, 32, where=w), "dtype": read(d, "dtype", str, "float32", where=w),
+            "checkpoint": read(d, "checkpoint", str, None, where=w, optional=True),
+            "seed": read(d, "seed", int, 0, where=w),
+        }
+        if "input_shape" in d:
+            args["input_shape"] = int_list(d["input_shape"], "model.input_shape")
         return cls(**args)
