@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from costmodel.simulate import closed_form_makespan, segment_costs, simulate
-from costmodel.types import Prediction, Profile
+from costmodel.types import Machine, Prediction, Profile
 
 __all__ = ["best_cuts", "optimal", "ranked"]
 
@@ -70,20 +70,25 @@ def best_cuts(seg: Sequence[float], link: Sequence[float], stages: int, chunks: 
     return best[1], best[0]
 
 
-def optimal(profile: Profile, stages: int, chunks: Sequence[int]) -> Prediction:
+def optimal(profile: Profile, stages: int, chunks: Sequence[int], machine: Machine | None = None) -> Prediction:
     """The predicted-fastest cuts and chunk count among ``chunks``."""
-    return ranked(profile, stages, chunks)[0]
+    return ranked(profile, stages, chunks, machine)[0]
 
 
-def ranked(profile: Profile, stages: int, chunks: Sequence[int]) -> list[Prediction]:
-    """The optimal cuts for each chunk count, fastest first."""
+def ranked(profile: Profile, stages: int, chunks: Sequence[int], machine: Machine | None = None) -> list[Prediction]:
+    """The optimal cuts for each chunk count, fastest first.
+
+    The cuts are exact under the flow shop (each stage at its own speed); with a machine model the
+    candidates are then ranked by the shared-device simulation, which changes the chunk count chosen
+    (fill and drain cost less where idle stages lend their cores) more than the cuts.
+    """
     out = []
     for m in chunks:
         if profile.batch_size % m:
             continue
         seg, link = segment_costs(profile, m)
         cuts, _ = best_cuts(seg, link, stages, m, profile.step_overhead_s)
-        out.append(simulate(profile, cuts, m))
+        out.append(simulate(profile, cuts, m, machine=machine))
     if not out:
         raise ValueError(f"no chunk count in {list(chunks)} divides batch size {profile.batch_size}")
     return sorted(out, key=lambda p: p.makespan_s)

@@ -18,6 +18,7 @@ import statistics
 import sys
 from collections.abc import Sequence
 from contextlib import nullcontext
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +26,7 @@ import torch
 
 from costmodel.flops import count_flops
 from costmodel.link import fit_link
-from costmodel.types import Link, Profile, Segment
+from costmodel.types import Link, Machine, Profile, Segment
 from pipeline.candidates import find_candidates
 from pipeline.core.errors import PipesplitError
 from pipeline.core.spec import ModelSpec
@@ -114,7 +115,9 @@ def profile_model(spec: ModelSpec, *, device: str = "cpu", threads: int = 1, gra
             torch.set_num_threads(before)
         lat = {m: list(v) for m, v in first.latency_s.items()}
         spread = {m: list(v) for m, v in first.spread.items()}
-        if link is None:
+        if link is None and pool is not None:  # the search's own pool: under torchrun the only one there is
+            link = fit_link(pool.measure_link(_link_sizes(first, micro)), "nccl" if device == "cuda" else "gloo")
+        elif link is None:
             link = measure_link(device, _link_sizes(first, micro))
     assert link is not None
     flops = segment_flops(spec, granularity, micro[0])
@@ -158,6 +161,41 @@ def load_or_profile(spec: ModelSpec, *, device: str = "cpu", threads: int = 1, g
                          repeats=repeats, concurrency=concurrency, pool=pool)
     write_json(path, prof.to_dict())
     return prof, False
+
+
+def contention(alone: Profile, together: Profile, machine: Machine) -> float:
+    """Slowdown beyond the share of cores when ``together.concurrency`` stages compute at once: the median
+    over segments and microbatch sizes of (latency together / latency alone) x (their share of cores)."""
+    busy = together.concurrency
+    share = min(1.0, machine.cores / (busy * machine.threads))
+    ratios = [t.latency_s[m] / a.latency_s[m] * share for a, t in zip(alone.segments, together.segments)
+              for m in t.latency_s if m in a.latency_s and a.latency_s[m] > 0]
+    return float(statistics.median(ratios)) if ratios else 1.0
+
+
+def load_for_stages(spec: ModelSpec, *, stages: int, device: str = "cpu", threads: int = 1,
+                    granularity: str = "block", micro_sizes: Sequence[int] | None = None, reprofile: bool = False,
+                    root: Path = PROFILE_DIR, repeats: int = 3, quiet: bool = False,
+                    pool: Any = None) -> tuple[Profile, bool]:
+    """The profile a search or a validation of ``stages`` stages predicts with: every segment timed alone
+    (what the serial model runs like, and a stage whose neighbours wait), plus a machine model whose
+    contention at ``stages`` busy stages comes from timing the segments in ``stages`` workers at once
+    (at the smallest and largest microbatch size, which is enough for one factor)."""
+    from pipeline.hosts import available_cores
+
+    micro = sorted(set(micro_sizes or divisors(spec.batch_size)) | {spec.batch_size})
+    alone, cached = load_or_profile(spec, device=device, threads=threads, granularity=granularity, micro_sizes=micro,
+                                    reprofile=reprofile, root=root, repeats=repeats, quiet=quiet, pool=pool)
+    cores = available_cores() if device == "cpu" else stages
+    machine = Machine(device=device, cores=cores, threads=threads)
+    if device == "cpu" and stages > 1:
+        together, cached_too = load_or_profile(spec, device=device, threads=threads, granularity=granularity,
+                                               micro_sizes=sorted({micro[0], micro[-1]}), reprofile=reprofile,
+                                               root=root, repeats=repeats, concurrency=stages, quiet=quiet, pool=pool)
+        machine = Machine(device=device, cores=cores, threads=threads,
+                          contention={stages: contention(alone, together, machine)})
+        cached = cached and cached_too
+    return replace(alone, machine=machine), cached
 
 
 def format_profile(prof: Profile) -> str:

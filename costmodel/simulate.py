@@ -1,6 +1,8 @@
 """Predict a split's pipeline time by simulating its schedule over measured per-segment numbers.
 
-Forward-only inference; GPipe and 1F1B run the same forward order, so they predict alike. Each
+Forward-only inference; GPipe and 1F1B run the same forward order, so they predict alike. Without a
+machine model, each stage runs at its measured speed whatever the others do (below); with one (a CPU
+whose cores the stages share), ``costmodel.sharing`` simulates the same order under processor sharing. Each
 microbatch goes through the stages in order; a stage starts microbatch j when it has finished j-1 and
 j has arrived; a cut is a link that carries one microbatch at a time, without holding up the sender:
 
@@ -18,7 +20,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from costmodel.types import Prediction, Profile
+from costmodel.sharing import simulate_shared
+from costmodel.types import Machine, Prediction, Profile
 
 __all__ = ["closed_form_makespan", "segment_costs", "simulate", "simulate_times", "stage_times"]
 
@@ -76,12 +79,26 @@ def closed_form_makespan(stages: Sequence[float], links: Sequence[float], chunks
     return sum(all_t) + (chunks - 1) * max(all_t)
 
 
-def simulate(profile: Profile, cuts: Sequence[int], chunks: int, schedule: str = "GPipe") -> Prediction:
-    """Predict the plan that cuts before segments ``cuts`` with ``chunks`` microbatches."""
+def simulate(profile: Profile, cuts: Sequence[int], chunks: int, schedule: str = "GPipe",
+             machine: Machine | None = None) -> Prediction:
+    """Predict the plan that cuts before segments ``cuts`` with ``chunks`` microbatches.
+
+    With a machine model (the profile's, or ``machine``: a calibrated one) the stages share the device
+    as ``costmodel.sharing`` simulates, the serial model runs alone, and no prediction exceeds the
+    machine's ceiling: the makespan is at least the serial time over the ceiling (a floor that binds only
+    where small microbatches would be cheaper per sample than the whole batch). Without one, the flow shop.
+    """
     if schedule not in ("GPipe", "1F1B"):
         raise ValueError(f"schedule {schedule!r} is not simulated: use GPipe or 1F1B")
     stages, links = stage_times(profile, cuts, chunks)
-    makespan, bubble = simulate_times(stages, links, chunks)
     serial = sum(s.latency(profile.batch_size) for s in profile.segments)
+    machine = machine or profile.machine
+    if machine is None:
+        makespan, bubble = simulate_times(stages, links, chunks)
+        return Prediction(cuts=tuple(cuts), chunks=chunks, stage_s=tuple(stages), transfer_s=tuple(links),
+                          makespan_s=makespan, serial_s=serial, bubble_fraction=bubble)
+    run = simulate_shared(stages, links, chunks, machine)
+    ceiling = machine.ceiling(len(stages))
     return Prediction(cuts=tuple(cuts), chunks=chunks, stage_s=tuple(stages), transfer_s=tuple(links),
-                      makespan_s=makespan, serial_s=serial, bubble_fraction=bubble)
+                      makespan_s=max(run.makespan, serial / ceiling), serial_s=serial,
+                      bubble_fraction=run.bubble_fraction, ceiling=ceiling)

@@ -5,8 +5,9 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-PROFILE_VERSION = 2
-"""2: small microbatch sizes timed over a whole batch of samples (older profiles are measured again)."""
+PROFILE_VERSION = 3
+"""3: segments timed alone plus a machine model (2: small microbatch sizes timed over a whole batch of
+samples); older profiles are measured again."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -54,6 +55,61 @@ class Link:
 
 
 @dataclass(frozen=True, kw_only=True)
+class Machine:
+    """Which devices the stages run on and how a device shares itself between busy stages.
+
+    On CPU every stage runs ``threads`` threads on the ``cores`` that all stages share: with ``k`` stages
+    busy each progresses at ``min(1, cores / (k * threads))`` of its alone speed, divided by the measured
+    ``contention`` at ``k`` (memory bandwidth and caches are shared too; 1.0 = none). On CUDA each stage
+    has its own GPU, so a stage runs at its alone speed whatever the others do.
+    """
+
+    device: str = "cpu"
+    cores: int = 1
+    """CPU cores the stages share (on CUDA: the GPUs, one per stage)."""
+    threads: int = 1
+    """Intra-op threads of each stage (and of the serial baseline)."""
+    contention: dict[int, float] = field(default_factory=dict)
+    """Busy stages -> slowdown beyond the share of cores, measured by the profile (1.0 when absent)."""
+
+    @property
+    def shared(self) -> bool:
+        return self.device != "cuda"
+
+    def contention_at(self, busy: int) -> float:
+        """The measured contention at ``busy`` stages, interpolated between measured counts (1.0 alone)."""
+        known = {1: 1.0, **{int(k): float(v) for k, v in self.contention.items()}}
+        if busy in known:
+            return known[busy]
+        lo = max((k for k in known if k < busy), default=1)
+        hi = min((k for k in known if k > busy), default=None)
+        if hi is None:
+            return known[lo]
+        return known[lo] + (known[hi] - known[lo]) * (busy - lo) / (hi - lo)
+
+    def rate(self, busy: int) -> float:
+        """The speed of each busy stage, as a share of its speed alone, with ``busy`` stages computing."""
+        if busy <= 0:
+            return 1.0
+        if not self.shared:
+            return 1.0
+        return min(1.0, self.cores / (busy * self.threads)) / self.contention_at(busy)
+
+    def ceiling(self, stages: int) -> float:
+        """The most speedup over the serial model on one stage's resources that ``stages`` can give here."""
+        return float(stages) if not self.shared else min(float(stages), self.cores / self.threads)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"device": self.device, "cores": self.cores, "threads": self.threads,
+                "contention": {str(k): v for k, v in self.contention.items()}}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Machine:
+        return cls(device=str(d.get("device", "cpu")), cores=int(d.get("cores", 1)), threads=int(d.get("threads", 1)),
+                   contention={int(k): float(v) for k, v in (d.get("contention") or {}).items()})
+
+
+@dataclass(frozen=True, kw_only=True)
 class Profile:
     """Everything the simulator needs about one model on one device and thread count."""
 
@@ -66,6 +122,9 @@ class Profile:
     link: Link
     concurrency: int = 1
     """How many stage workers timed the segments at once (a pipeline's stages share the machine)."""
+    machine: Machine | None = None
+    """The machine model; with one, ``latency_s`` is each segment alone and the simulator shares the
+    device between busy stages. Without one (older callers), latencies are used as measured."""
     step_overhead_s: float = 0.0
     """Fixed cost per microbatch per stage (schedule bookkeeping, send/recv calls). Not measured by the
     profile (timelines put it at ~1 % of a DeiT-S step here): 0 unless a caller sets it."""
@@ -88,6 +147,7 @@ class Profile:
             s["latency_s"] = {str(k): v for k, v in s["latency_s"].items()}
             s["latency_spread"] = {str(k): list(v) for k, v in s["latency_spread"].items()}
         d["link"]["samples"] = [list(x) for x in self.link.samples]
+        d["machine"] = self.machine.to_dict() if self.machine is not None else None
         return d
 
     @classmethod
@@ -109,6 +169,7 @@ class Profile:
                       backend=link.get("backend", "gloo"),
                       samples=tuple((int(b), float(t)) for b, t in link.get("samples", ()))),
             concurrency=int(d.get("concurrency", 1)), step_overhead_s=float(d.get("step_overhead_s", 0.0)),
+            machine=Machine.from_dict(d["machine"]) if d.get("machine") else None,
             versions=d.get("versions", {}), key=d.get("key", ""),
         )
 
@@ -126,6 +187,8 @@ class Prediction:
     makespan_s: float
     serial_s: float
     bubble_fraction: float
+    ceiling: float | None = None
+    """The most speedup this machine can give this many stages (cores / threads per stage on CPU)."""
 
     @property
     def speedup(self) -> float:

@@ -16,8 +16,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from costmodel.calibrate import TrialRows, fit, trial_rows
 from costmodel.simulate import simulate
 from costmodel.stats import kendall_tau, mape
+from costmodel.types import Profile
 from pipeline.core.errors import PipesplitError
 
 
@@ -52,12 +54,32 @@ def noise_ceiling(predicted: Sequence[float], repeats: Sequence[Sequence[float]]
 DEFAULT_CHUNKS = (1, 4, 8, 16, 32)
 
 
+def leave_one_out(prof: Profile, plans: Sequence[tuple[tuple[int, ...], int]],
+                  rows: Sequence[TrialRows | None]) -> list[float | None]:
+    """Each plan's speedup predicted by a machine calibrated on every *other* plan's timeline (an honest
+    figure: a plan never calibrates its own prediction); None where there are too few others."""
+    out: list[float | None] = []
+    for i, (cuts, m) in enumerate(plans):
+        others = [r for j, r in enumerate(rows) if j != i and r is not None]
+        if prof.machine is None:
+            out.append(None)
+            continue
+        try:
+            machine = fit(others).apply(prof.machine)
+        except ValueError:
+            out.append(None)
+            continue
+        out.append(simulate(prof, cuts, m, machine=machine).speedup)
+    return out
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     from tqdm import tqdm
 
-    from costmodel.profile import add_cache_args, load_or_profile
+    from costmodel.profile import add_cache_args, load_for_stages
     from pipeline.cli import Parser, add_model_args, spec_from_args
     from pipeline.core.plan import SplitPlan, SplitPoint, choose_chunks, parse_chunks
+    from pipeline.hosts import available_cores
     from pipeline.pool import StagePool
     from pipeline.rounds import interleaved
 
@@ -85,9 +107,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                                DEFAULT_CHUNKS)
         if args.repeats < 1 or args.rounds < 1:
             raise PipesplitError(f"--repeats {args.repeats} and --rounds {args.rounds} must be at least 1")
-        prof, _ = load_or_profile(spec, device=args.device, threads=args.threads_per_stage,
-                                  granularity=args.granularity, concurrency=args.stages, reprofile=args.reprofile,
-                                  root=Path(args.cache_dir))
+        prof, _ = load_for_stages(spec, stages=args.stages, device=args.device, threads=args.threads_per_stage,
+                                  granularity=args.granularity, reprofile=args.reprofile, root=Path(args.cache_dir))
         grid = [(cuts, m) for cuts in _grid_cuts(len(prof.segments), args.stages, args.cuts) for m in chunks]
         plans = [SplitPlan(model=spec, split_points=tuple(SplitPoint(prof.segments[c].fqn) for c in cuts), chunks=m,
                            backend=args.backend, device=args.device, threads_per_stage=args.threads_per_stage)
@@ -100,6 +121,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         for i, why in runs.failures.items():
             print(f"failed: {plans[i].describe()}: {why}", file=sys.stderr)
         rows = []
+        calib_rows: list[TrialRows | None] = []
         records: list[dict[str, Any]] = []
         for i, ((cuts, m), plan) in enumerate(zip(grid, plans)):
             res = runs.results[i]
@@ -109,6 +131,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             measured = [t for r in res for t in r.pipeline_s]
             meas = statistics.median(measured)
             rows.append((plan, pred, meas, min(measured), max(measured), statistics.median(runs.speedups(i))))
+            spans = [[(a, b) for _, a, b in ev] for ev in res[-1].events]
+            calib_rows.append(trial_rows(pred.stage_s, spans, prof.machine) if prof.machine else None)
             records.append({"cuts": cuts, "chunks": m, "predicted": pred.to_dict(), "pipeline_s": measured,
                             "serial_s": [t for r in res for t in r.serial_s], "speedups": runs.speedups(i),
                             "stage_compute_s": [list(r.stage_compute_s) for r in res],
@@ -116,20 +140,35 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (PipesplitError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    calibrated = leave_one_out(prof, [(r[1].cuts, r[1].chunks) for r in rows], calib_rows)
+    for rec, cal in zip(records, calibrated):
+        rec["calibrated_speedup"] = cal
     print(f"{'cut(s)':<24} {'chunks':>6} {'predicted_s':>11} {'measured_s':>10} {'spread_s':>13} {'error':>7} "
-          f"{'pred_speedup':>12} {'speedup':>7} {'error':>7}")
-    for plan, pred, meas, lo, hi, speedup in rows:
+          f"{'pred_speedup':>12} {'calibrated':>10} {'speedup':>7} {'error':>7}")
+    for (plan, pred, meas, lo, hi, speedup), cal in zip(rows, calibrated):
         label = ",".join(pt.fqn for pt in plan.split_points)
         print(f"{label:<24} {plan.chunks:6d} {pred.makespan_s:11.3f} {meas:10.3f} {lo:6.3f}-{hi:6.3f} "
-              f"{100 * (pred.makespan_s - meas) / meas:+6.1f}% {pred.speedup:12.2f} {speedup:7.2f} "
+              f"{100 * (pred.makespan_s - meas) / meas:+6.1f}% {pred.speedup:12.2f} "
+              f"{'-' if cal is None else format(cal, '.2f'):>10} {speedup:7.2f} "
               f"{100 * (pred.speedup - speedup) / speedup:+6.1f}%")
+    if rows:
+        ceiling = rows[0][1].ceiling
+        above = sum(1 for r in rows if ceiling is not None and r[1].speedup > ceiling + 1e-9)
+        print(f"ceiling: {args.stages} stages x {args.threads_per_stage} thread(s) on {available_cores()} core(s) "
+              f"give at most {ceiling if ceiling is not None else float('nan'):.2f}x; predictions above it: "
+              f"{above} of {len(rows)}; measured above it: "
+              f"{sum(1 for r in rows if ceiling is not None and r[5] > ceiling)} of {len(rows)}")
     if len(rows) >= 2:
-        for what, pr, me, reps in (
-            ("pipeline seconds", [r[1].makespan_s for r in rows], [r[2] for r in rows], "pipeline_s"),
-            ("speedup", [r[1].speedup for r in rows], [r[5] for r in rows], "speedups"),
-        ):
-            print(f"{what}: MAPE {mape(pr, me):.1f}%  Kendall tau {kendall_tau(pr, me):.3f}  over {len(rows)} plans")
-            noise = noise_ceiling(pr, [r[reps] for r in records])
+        series = [("pipeline seconds", [r[1].makespan_s for r in rows], [r[2] for r in rows], "pipeline_s"),
+                  ("speedup", [r[1].speedup for r in rows], [r[5] for r in rows], "speedups")]
+        usable = [i for i, c in enumerate(calibrated) if c is not None]
+        if len(usable) >= 2:
+            series.append(("calibrated speedup (leave-one-out)", [float(calibrated[i] or 0.0) for i in usable],
+                           [rows[i][5] for i in usable], "speedups"))
+        for what, pr, me, reps in series:
+            print(f"{what}: MAPE {mape(pr, me):.1f}%  Kendall tau {kendall_tau(pr, me):.3f}  over {len(pr)} plans")
+            # the calibrated figures are held against the same repeats: the speedup's noise line applies
+            noise = None if what.startswith("calibrated") else noise_ceiling(pr, [r[reps] for r in records])
             if noise is not None:
                 print(f"  noise: one repeat against another ranks the plans with tau {noise[0]:.3f} (mean over "
                       f"pairs of repeats); the prediction against one repeat, {noise[1]:.3f}")

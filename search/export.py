@@ -81,7 +81,8 @@ def export(study: optuna.Study, ctx: SearchContext, outdir: Path, *, confirmatio
         meas["confirmed"] = bool(row and row.speedups)
         predicted = {k: t.user_attrs.get(a) for k, a in
                      (("speedup", "predicted_speedup"), ("makespan_s", "predicted_s"),
-                      ("bubble_fraction", "predicted_bubble"))}
+                      ("bubble_fraction", "predicted_bubble"), ("calibrated_speedup", "calibrated_speedup"),
+                      ("ceiling", "predicted_ceiling"))}
         doc = {**plan.to_dict(), "measured": meas, "predicted": predicted,
                "provenance": provenance(study=study.study_name, trial=best_no, storage=storage_url,
                                         source=t.user_attrs.get("source"), command="search.optimize")}
@@ -94,6 +95,11 @@ def export(study: optuna.Study, ctx: SearchContext, outdir: Path, *, confirmatio
     rows = summary_rows(study, confirmation)
     table = summary_table(rows)
     budget = budget_line(trial_counts(study), asked)
+    ceiling = study.user_attrs.get("ceiling")
+    if ceiling:
+        stages = (study.user_attrs.get("config") or {}).get("stages", "?")
+        budget += (f" Ceiling: {ceiling:.2f}x is the most speedup this machine can give {stages} stages (cores / "
+                   "threads per stage on CPU); no prediction exceeds it.")
     text = (f"# {study.study_name}\n\n{budget}\n\n"
             "Speedup = serial model on one stage's threads / pipeline, median over repeats; "
             "'confirmed' is the median of the interleaved confirmation round.\n\n" + table + "\n")

@@ -12,8 +12,9 @@ from typing import Any
 
 import optuna
 
+from costmodel.calibrate import TrialRows, fit, trial_rows
 from costmodel.simulate import simulate
-from costmodel.types import Profile
+from costmodel.types import Machine, Profile
 from pipeline.candidates import Candidates
 from pipeline.core.plan import SplitPlan, SplitPoint
 from pipeline.core.result import TrialResult
@@ -21,7 +22,7 @@ from pipeline.core.spec import ModelSpec
 from pipeline.pooling import Pool
 from search.coordination import MEASURED, measured_trials, skip_reason, worker_id
 from search.pruning import prune_reason
-from search.space import cut_ranges, violation
+from search.space import cut_ranges, decode, violation
 
 __all__ = ["Objective", "SearchContext", "TrialFailed", "plan_key", "result_attrs"]
 
@@ -68,6 +69,18 @@ class SearchContext:
     def plan_for_cuts(self, cuts: list[int] | tuple[int, ...], chunks: int) -> SplitPlan:
         return self.plan(tuple(SplitPoint(self.profile.segments[c].fqn) for c in cuts), chunks)
 
+    def calibrated(self) -> Machine | None:
+        """The machine model refitted to every measured trial's timeline in the study (a resumed study's
+        too), or None while there are fewer trials than factors or no machine model."""
+        if self.profile.machine is None:
+            return None
+        rows = [TrialRows.from_dict(t.user_attrs["calibration_rows"]) for t in measured_trials(self.study)
+                if t.user_attrs.get("calibration_rows")]
+        try:
+            return fit(rows).apply(self.profile.machine) if rows else None
+        except ValueError:
+            return None
+
     def best_measured(self) -> optuna.trial.FrozenTrial | None:
         ok = [t for t in measured_trials(self.study) if t.state == optuna.trial.TrialState.COMPLETE]
         return max(ok, key=lambda t: float(t.value or 0.0)) if ok else None
@@ -102,6 +115,12 @@ class Objective:
             trial.set_user_attr("predicted_speedup", prediction.speedup)
             trial.set_user_attr("predicted_s", prediction.makespan_s)
             trial.set_user_attr("predicted_bubble", prediction.bubble_fraction)
+            if prediction.ceiling is not None:
+                trial.set_user_attr("predicted_ceiling", prediction.ceiling)
+            machine = ctx.calibrated()
+            if machine is not None:
+                trial.set_user_attr("calibrated_speedup",
+                                    simulate(ctx.profile, cuts, int(chunks), ctx.schedule, machine=machine).speedup)
             bounds = [0, *cuts, len(ctx.profile.segments)]
             trial.set_user_attr("stage_blocks", [b - a for a, b in zip(bounds, bounds[1:])])
         trial.set_user_attr("split_points", [p.fqn if p.kind == "BEGINNING" else f"{p.fqn}:END"
@@ -114,7 +133,7 @@ class Objective:
                 trial.set_user_attr("duplicate_of", t.number)
                 return float(t.value or 0.0)
         if ctx.prune and source is None and prediction is not None:
-            self._maybe_prune(trial, prediction.speedup)
+            self._maybe_prune(trial, cuts, int(chunks))
         trial.set_user_attr("plan_key", key)
         trial.set_user_attr(MEASURED, True)
         trial.set_user_attr("worker", worker_id())
@@ -134,19 +153,36 @@ class Objective:
         ctx.results[trial.number] = result
         for k, v in result_attrs(result).items():
             trial.set_user_attr(k, v)
+        if result.ok and prediction is not None and ctx.profile.machine is not None:
+            spans = [[(a, b) for _, a, b in ev] for ev in result.events]
+            trial.set_user_attr("calibration_rows",
+                                trial_rows(prediction.stage_s, spans, ctx.profile.machine).to_dict())
         if result.ok and ctx.artifacts is not None:
             self._upload_timeline(trial, result, plan)
         if not result.ok:
             raise TrialFailed(result.reason)
         return result.speedup
 
-    def _maybe_prune(self, trial: optuna.Trial, predicted: float) -> None:
-        done = [(float(t.value or 0.0), float(t.user_attrs["predicted_speedup"])) for t in measured_trials(self.ctx.study)
-                if t.state == optuna.trial.TrialState.COMPLETE and t.user_attrs.get("predicted_speedup")]
+    def _maybe_prune(self, trial: optuna.Trial, cuts: list[int], chunks: int) -> None:
+        """Prune by the calibrated model once it can be fitted (the raw one before): the new plan and every
+        measured plan are predicted by the same model, so the rule's correction compares like with like.
+        Nothing is reported to Optuna: a prediction is not a measurement (it stays in the user attributes)."""
+        ctx = self.ctx
+        machine = ctx.calibrated()
+        done = []
+        for t in measured_trials(ctx.study):
+            if t.state != optuna.trial.TrialState.COMPLETE or not t.user_attrs.get("predicted_speedup"):
+                continue
+            if machine is None:
+                done.append((float(t.value or 0.0), float(t.user_attrs["predicted_speedup"])))
+            elif "cut_0" in t.params:
+                past = decode(t.params, ctx.stages)
+                done.append((float(t.value or 0.0), simulate(ctx.profile, past[0], past[1], ctx.schedule,
+                                                             machine=machine).speedup))
+        predicted = simulate(ctx.profile, cuts, chunks, ctx.schedule, machine=machine).speedup
         why = prune_reason(predicted, done)
         if why:
-            trial.set_user_attr("pruned_by", why)
-            trial.report(predicted * max(m / p for m, p in done), 0)
+            trial.set_user_attr("pruned_by", why + (" (calibrated)" if machine is not None else ""))
             raise optuna.TrialPruned()
 
     def _upload_timeline(self, trial: optuna.Trial, result: TrialResult, plan: SplitPlan) -> None:

@@ -131,7 +131,7 @@ def run_study(cfg: SearchConfig, *, references: bool = False) -> StudyRun:
     reference policy beside the best (``search.sweep``)."""
     import optuna
 
-    from costmodel.profile import load_or_profile
+    from costmodel.profile import load_for_stages
     from pipeline.candidates import find_candidates
     from pipeline.core.atomic import check_writable
     from pipeline.hosts import default_threads, resolve_device
@@ -182,11 +182,13 @@ def run_study(cfg: SearchConfig, *, references: bool = False) -> StudyRun:
     confirmation = None
     interrupted = False
     with open_pool(stages, device=device, threads_per_stage=threads) as pool:
-        prof, cached = load_or_profile(spec, device=device, threads=threads, granularity=granularity,
+        prof, cached = load_for_stages(spec, stages=stages, device=device, threads=threads, granularity=granularity,
                                        micro_sizes=[spec.batch_size // c for c in chunks],
-                                       root=Path(cfg.results_dir) / "profiles", concurrency=stages, repeats=2,
-                                       pool=pool)
+                                       root=Path(cfg.results_dir) / "profiles", repeats=2, pool=pool)
         study.set_user_attr("segments", [seg.fqn for seg in prof.segments])
+        if prof.machine is not None:
+            study.set_user_attr("ceiling", prof.machine.ceiling(stages))
+            study.set_user_attr("machine", prof.machine.to_dict())
         serial_s = sum(seg.latency(spec.batch_size) for seg in prof.segments)
         repeats = trial_repeats(cfg.repeats, serial_s, cfg.min_trial_seconds)
         print(f"study {name} in {cfg.storage}: {len(cands.cuts)} cut points, chunks {chunks}, "

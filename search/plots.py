@@ -49,18 +49,23 @@ def speedup_vs_stages(rows: list[PolicyRow], path: str | Path) -> Path:
     return save_figure(fig, path)
 
 
-def predicted_vs_measured(points: list[tuple[int, float, float]], path: str | Path) -> Path:
-    """Every measured trial the cost model priced: (stages, predicted, measured), with the y = x line."""
+def predicted_vs_measured(points: list[tuple[int, float, float]], path: str | Path,
+                          ceilings: dict[int, float] | None = None) -> Path:
+    """Every measured trial the cost model priced: (stages, predicted, measured), with the y = x line and,
+    per stage count, the machine's ceiling (the most speedup its cores can give), which no point may pass."""
     plt = _plt()
     fig, ax = plt.subplots(figsize=(6, 5.5))
     counts = sorted({s for s, _, _ in points})
+    colors = {}
     for s in counts:
         xs = [p for st, p, _ in points if st == s]
         ys = [m for st, _, m in points if st == s]
-        ax.scatter(xs, ys, label=f"{s} stages", alpha=0.75)
-    vals = [v for _, p, m in points for v in (p, m)] or [0.0, 1.0]
+        colors[s] = ax.scatter(xs, ys, label=f"{s} stages", alpha=0.75).get_facecolor()[0]
+    vals = [v for _, p, m in points for v in (p, m)] + list((ceilings or {}).values()) or [0.0, 1.0]
     lo, hi = min(vals) * 0.9, max(vals) * 1.1
     ax.plot([lo, hi], [lo, hi], "--", color="gray", label="measured = predicted")
+    for s, c in sorted((ceilings or {}).items()):
+        ax.axvline(c, color=colors.get(s, "black"), linestyle=":", linewidth=1.2, label=f"ceiling, {s} stages ({c:.2f}x)")
     ax.set_xlim(lo, hi)
     ax.set_ylim(lo, hi)
     ax.set_xlabel("predicted speedup (cost model)")

@@ -183,7 +183,8 @@ def write_report(studies: dict[int, Any], outdir: Path, *, spec: Any, device: st
         plots.speedup_vs_stages(rows, outdir / "speedup_vs_stages.png")
         made["speedup_vs_stages"] = "speedup_vs_stages.png"
     if points:
-        plots.predicted_vs_measured(points, outdir / "predicted_vs_measured.png")
+        ceilings = {s: float(st.user_attrs["ceiling"]) for s, st in studies.items() if st.user_attrs.get("ceiling")}
+        plots.predicted_vs_measured(points, outdir / "predicted_vs_measured.png", ceilings)
         made["predicted_vs_measured"] = "predicted_vs_measured.png"
     if timelines:
         plots.compute_comm(timelines, outdir / "compute_comm.png")
