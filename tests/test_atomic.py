@@ -44,3 +44,15 @@ def test_save_figure_writes_a_png(tmp_path):
     ax.plot([0, 1])
     path = save_figure(fig, tmp_path / "f.png")
     assert path.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_written_files_get_the_usual_permissions(tmp_path):
+    import os
+    import stat
+
+    mask = os.umask(0o022)
+    try:
+        path = write_json(tmp_path / "p.json", {})
+    finally:
+        os.umask(mask)
+    assert stat.S_IMODE(path.stat().st_mode) == 0o644

@@ -31,6 +31,7 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
     os.close(fd)
     try:
         yield Path(tmp)
+        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; a result is as readable as any other file
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
@@ -49,6 +50,12 @@ def check_writable(path: str | Path, *, folder: bool = False) -> Path:
         why = "it is a folder" if not folder and path.is_dir() else f"{target} is not writable"
         raise PipesplitError(f"cannot write {path} ({why}): pick a writable path")
     return path
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 def write_text(path: str | Path, text: str) -> Path:
