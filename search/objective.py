@@ -99,6 +99,7 @@ class Objective:
         if source is None:
             trial.set_user_attr("source", "tpe")
         prediction = None
+        machine: Machine | None = None
         if fixed:
             plan = SplitPlan.from_dict(fixed)
         else:
@@ -133,7 +134,7 @@ class Objective:
                 trial.set_user_attr("duplicate_of", t.number)
                 return float(t.value or 0.0)
         if ctx.prune and source is None and prediction is not None:
-            self._maybe_prune(trial, cuts, int(chunks))
+            self._maybe_prune(trial, cuts, int(chunks), machine)
         trial.set_user_attr("plan_key", key)
         trial.set_user_attr(MEASURED, True)
         trial.set_user_attr("worker", worker_id())
@@ -163,12 +164,11 @@ class Objective:
             raise TrialFailed(result.reason)
         return result.speedup
 
-    def _maybe_prune(self, trial: optuna.Trial, cuts: list[int], chunks: int) -> None:
+    def _maybe_prune(self, trial: optuna.Trial, cuts: list[int], chunks: int, machine: Machine | None) -> None:
         """Prune by the calibrated model once it can be fitted (the raw one before): the new plan and every
         measured plan are predicted by the same model, so the rule's correction compares like with like.
         Nothing is reported to Optuna: a prediction is not a measurement (it stays in the user attributes)."""
         ctx = self.ctx
-        machine = ctx.calibrated()
         done = []
         for t in measured_trials(ctx.study):
             if t.state != optuna.trial.TrialState.COMPLETE or not t.user_attrs.get("predicted_speedup"):

@@ -11,7 +11,7 @@ from typing import Any, TypeVar
 
 from pipeline.core.errors import PipesplitError
 
-__all__ = ["int_list", "mapping", "read"]
+__all__ = ["int_list", "read"]
 
 T = TypeVar("T")
 _NAMES = {int: "an integer", str: "a string", dict: "a JSON object", list: "a list", float: "a number", bool: "true or false"}
@@ -41,13 +41,6 @@ def read(d: Mapping[str, Any], key: str, kind: type[T], default: Any = _MISSING,
         raise PipesplitError(f"{name} {value!r} must be {_NAMES.get(kind, kind.__name__)}"
                              + (" or null" if optional else ""))
     return value  # type: ignore[no-any-return]
-
-
-def mapping(value: Any, name: str) -> Mapping[str, Any]:
-    """``value`` if it is a JSON object."""
-    if not isinstance(value, Mapping):
-        raise PipesplitError(f"{name} {value!r} must be a JSON object")
-    return value
 
 
 def int_list(value: Any, name: str) -> tuple[int, ...]:
