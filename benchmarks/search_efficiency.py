@@ -11,6 +11,14 @@
 
     python benchmarks/search_efficiency.py                                  # DeiT-S, batch 32
     python benchmarks/search_efficiency.py --model resnet50 --image-size 160 --batch-size 8
+
+Simulated mode (``--simulated``): no trial runs; hundreds of searches on a noisy oracle made from the
+model's real profile (``benchmarks/simulated_search.py`` says how), on spaces of 2, 4 and 8 stages at
+block and layer granularity: the product's search, TPE on the search's former encoding, random search
+and the cost model's top-k, as repeats spent to reach 97 % of the space's true best.
+
+    python benchmarks/search_efficiency.py --simulated                      # ~10 minutes on 2 cores
+    python benchmarks/search_efficiency.py --simulated --stages-list 8 --granularities layer --worlds 3
 """
 
 from __future__ import annotations
@@ -82,7 +90,31 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--skip-grid", action="store_true", help="only run the optimizer")
     p.add_argument("--rounds", type=int, default=3,
                    help="interleaved rounds of the final side-by-side re-measurement (default 3)")
+    sim = p.add_argument_group("simulated mode")
+    sim.add_argument("--simulated", action="store_true", help="searches on a noisy oracle, no trial runs")
+    sim.add_argument("--stages-list", type=int, nargs="+", default=[2, 4, 8])
+    sim.add_argument("--granularities", nargs="+", default=["block", "layer"], choices=["block", "layer"])
+    sim.add_argument("--worlds", type=int, default=5, help="oracles per space (default 5)")
+    sim.add_argument("--seeds", type=int, default=4, help="searches per oracle and strategy (default 4)")
+    sim.add_argument("--budget", type=int, default=300, help="repeats a search may spend (default 300)")
+    sim.add_argument("--base-repeats", type=int, default=3,
+                     help="repeats per plan of the baselines and ours' base (default 3, what a DeiT-S search uses here)")
+    sim.add_argument("--seg-sd", type=float, default=0.12, help="per-segment latency error, lognormal sd")
+    sim.add_argument("--plan-sd", type=float, default=0.03, help="per-plan error, lognormal sd")
+    sim.add_argument("--noise-cv", type=float, default=0.05, help="per-repeat noise, lognormal sd")
+    sim.add_argument("--json", default=None, help="write the figures here too")
     args = p.parse_args(argv)
+    if args.simulated:
+        from simulated_search import Noise, run_simulated
+
+        from pipeline.core.atomic import write_json
+
+        rows = run_simulated(args.model, args.batch_size, args.stages_list, args.granularities, args.worlds,
+                             args.seeds, args.budget, args.base_repeats, 0.97,
+                             Noise(seg_sd=args.seg_sd, plan_sd=args.plan_sd, noise_cv=args.noise_cv))
+        if args.json:
+            write_json(args.json, rows)
+        return 0
     spec = resolve_spec(args.model, batch_size=args.batch_size, image_size=args.image_size)
     cands = find_candidates(build_model(spec), spec)
     chunks = divisors(spec.batch_size)

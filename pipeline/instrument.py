@@ -163,8 +163,11 @@ def hook_torch_p2p(state: HasComm) -> None:
 
 
 def hook_pippy_p2p(runtime: Any, clock: CommClock, rank: int, world: int) -> None:
-    """Time torchpippy's per-chunk receive (post + wait) and send (post) on this rank's stage."""
-    recv, send = runtime._recv_and_fill_inputs, runtime._send_activations
+    """Time torchpippy's per-chunk receive (post + wait) and send (post) on this rank's stage; hooking a
+    stage again (a resumed trial) replaces the earlier clock rather than wrapping it."""
+    if not hasattr(runtime, "_pipesplit_p2p"):
+        runtime._pipesplit_p2p = (runtime._recv_and_fill_inputs, runtime._send_activations)
+    recv, send = runtime._pipesplit_p2p
 
     def timed_recv(chunk: int) -> Any:
         a = clock.now()

@@ -26,6 +26,11 @@ class TrialOptions:
     """Time the serial model on all the pipeline's threads too (CPU only)."""
     trace_dir: str | None = None
     """Run once more under torch.profiler and write a chrome trace per rank here."""
+    keep: bool = False
+    """Keep the built stage on every rank afterwards, so that a ``resume`` trial of the same plan can add repeats."""
+    resume: bool = False
+    """Add repeats to the stage the previous trial kept for this same plan: no build and no output check (it
+    passed in that trial); a rank that kept none builds and checks as usual."""
 
     def __post_init__(self) -> None:
         if self.trace_dir:

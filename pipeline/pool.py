@@ -135,9 +135,11 @@ class StagePool:
                 pass  # the sentinel reports it
 
     def run(self, plan: SplitPlan, *, repeats: int = 3, warmup: int = 1, timeout_s: float = 900.0,
-            serial_all: bool = True, serial: bool = True, trace_dir: str | None = None) -> TrialResult:
+            serial_all: bool = True, serial: bool = True, trace_dir: str | None = None, keep: bool = False,
+            resume: bool = False) -> TrialResult:
         """Run one real trial of ``plan``; a failure (bad build, wrong output, dead or hung rank) is a failed result."""
-        opts = TrialOptions(repeats=repeats, warmup=warmup, serial_all=serial_all, serial=serial, trace_dir=trace_dir)
+        opts = TrialOptions(repeats=repeats, warmup=warmup, serial_all=serial_all, serial=serial, trace_dir=trace_dir,
+                            keep=keep, resume=resume)
         check_trial_args(plan, self.stages, self.device, opts)
         if not self._procs:
             self.start()

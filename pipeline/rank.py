@@ -10,6 +10,7 @@ import os
 import time
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -59,6 +60,8 @@ class RankState:
         self.warm: set[tuple[str, int]] = set()
         self.peak = Peak(self.device)
         self.comm: CommClock | None = None
+        self.kept: tuple[str, Any, float, float, int] | None = None
+        """(plan identity, built stage, output difference, tolerance, bytes sent) kept by a trial for a resumed one."""
         hook_torch_p2p(self)
 
     def sync(self) -> None:
@@ -69,6 +72,7 @@ class RankState:
         """The unsplit model of ``spec`` on this rank's device, built once (one model cached at a time)."""
         if spec.key not in self.models:
             self.models.clear()
+            self.kept = None
             self.refs.clear()
             self.warm.clear()
             self.models[spec.key] = build_model(spec).to(self.device)

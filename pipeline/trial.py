@@ -4,11 +4,15 @@
     once and check the last stage's output against the unsplit model -> warm up -> ``repeats`` times:
     serial on rank 0 | pipeline on all ranks | serial on all threads on rank 0
 
+A trial may keep its checked stage (``keep``) so that the next trial of the same plan (``resume``) adds
+repeats without building or checking again: the search races plans a few repeats at a time this way.
+
 The other ranks wait in a barrier while rank 0 times the serial model, so it has the machine to itself.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import time
@@ -43,6 +47,13 @@ def _check_output(state: RankState, plan: SplitPlan, y: Any, model: Any, x: torc
     return float(diff), float(tol)
 
 
+def _gather(state: RankState, flag: bool) -> list[bool]:
+    """Every rank's ``flag``: a kept stage is reused only when every rank kept it."""
+    flags: list[Any] = [None] * state.world
+    dist.all_gather_object(flags, flag)
+    return [bool(f) for f in flags]
+
+
 def run_trial(state: RankState, plan: SplitPlan, opts: TrialOptions) -> TrialReply | ErrorReply:
     """This rank's part of one trial of ``plan`` (every rank of the group runs it at once)."""
     t_recv = time.perf_counter()
@@ -50,18 +61,24 @@ def run_trial(state: RankState, plan: SplitPlan, opts: TrialOptions) -> TrialRep
     if state.device.type == "cpu":
         torch.set_num_threads(plan.threads_per_stage)
     state.peak.reset()
+    identity = json.dumps(plan.to_dict(), sort_keys=True)
+    kept = state.kept if opts.resume and state.kept is not None and state.kept[0] == identity else None
+    state.kept = None  # a stage kept for another plan is released before this one is built
+    if opts.resume and not all(_gather(state, kept is not None)):
+        kept = None  # some rank kept nothing (a restarted pool): every rank builds and checks afresh
     error = None
+    stage: BuiltStage | None = None
     try:
         model = state.model(plan.model)
         x = example_input(plan.model, state.device)
-        stage = build_stage(plan, model, x, rank, state.device)
+        stage = kept[1] if kept is not None else build_stage(plan, model, x, rank, state.device)
     except Exception as e:  # noqa: BLE001 - reported as the trial's reason
         cuts = ", ".join(plan.split_spec())
         error = f"rank {rank} could not build its stage for cuts [{cuts}]: {one_line(e)}"
     errors: list[Any] = [None] * state.world
     dist.all_gather_object(errors, error)
-    if any(errors):
-        return ErrorReply(rank=rank, error=next(e for e in errors if e))
+    if any(errors) or stage is None:
+        return ErrorReply(rank=rank, error=next((e for e in errors if e), "no stage was built"))
     build_s = time.perf_counter() - t_recv
     clock = ComputeClock(stage.module, state.device)
     comm = CommClock(clock.now)
@@ -82,14 +99,17 @@ def run_trial(state: RankState, plan: SplitPlan, opts: TrialOptions) -> TrialRep
     trace = None
     try:
         with torch.no_grad():
-            y = stage.step(x if rank == 0 else None)
-            state.sync()
-            out_bytes = 0 if last else clock.out_bytes
-            diff, tol = _check_output(state, plan, y, model, x)
-            if not diff <= tol:
-                return ErrorReply(rank=rank, max_abs_diff=diff, tolerance=tol,
-                                  error=f"output check failed: pipeline output differs from the unsplit model by "
-                                        f"{diff:.3g} (allowed {tol:.3g})")
+            if kept is not None:  # the output check passed when this stage was built, in the trial that kept it
+                diff, tol, out_bytes = kept[2], kept[3], kept[4]
+            else:
+                y = stage.step(x if rank == 0 else None)
+                state.sync()
+                out_bytes = 0 if last else clock.out_bytes
+                diff, tol = _check_output(state, plan, y, model, x)
+                if not diff <= tol:
+                    return ErrorReply(rank=rank, max_abs_diff=diff, tolerance=tol,
+                                      error=f"output check failed: pipeline output differs from the unsplit model "
+                                            f"by {diff:.3g} (allowed {tol:.3g})")
             for _ in range(opts.warmup):
                 _pipeline_once(state, stage, x, clock)
             # the serial model stays warm in this worker: warm it up once per model and thread count
@@ -111,6 +131,8 @@ def run_trial(state: RankState, plan: SplitPlan, opts: TrialOptions) -> TrialRep
                     serial_all.append(state.serial(model, x, serial_threads))
             if opts.trace_dir:
                 trace = _trace(state, stage, x, clock, comm, opts.trace_dir)
+            if opts.keep:
+                state.kept = (identity, stage, diff, tol, out_bytes)
     finally:
         clock.close()
         state.comm = None

@@ -33,6 +33,13 @@ class SearchConfig:
     timeout_s: float | None = None
     """Stop starting new trials after this many seconds."""
     repeats: int = 2
+    """Base timed repeats per trial (raised for short models by ``min_trial_seconds``)."""
+    race: bool = True
+    """Race repeats: a repeat at a time, a plan clearly behind stops early, contenders earn more."""
+    repeat_cap: int | None = None
+    """Most repeats a contender earns (None: twice the base repeats)."""
+    budget_repeats: int | None = None
+    """The study's total of timed repeats over its measured trials (None: only ``trials`` limits it)."""
     min_trial_seconds: float = 4.0
     trial_timeout_s: float = 900.0
     confirm_top: int = 2
@@ -61,6 +68,10 @@ class SearchConfig:
                 raise PipesplitError(f"--{flag.replace('_', '-')} must be at least 1 (got {getattr(self, flag)})")
         if not self.min_trial_seconds >= 0:
             raise PipesplitError(f"--min-trial-seconds must be 0 or more (got {self.min_trial_seconds})")
+        for flag in ("repeat_cap", "budget_repeats"):
+            v = getattr(self, flag)
+            if v is not None and v < 1:
+                raise PipesplitError(f"--{flag.replace('_', '-')} must be at least 1 (got {v})")
         if self.trials is not None and self.trials < 1:
             raise PipesplitError(f"--trials must be at least 1 (got {self.trials})")
         if self.timeout_s is not None and not self.timeout_s > 0:
@@ -75,7 +86,8 @@ class SearchConfig:
         """The settings the flags describe, for ``stages`` stages (cheap checks only: nothing is built)."""
         return cls(model=ModelArgs.from_args(args), stages=stages,
                    chunks=None if args.chunks is None else parse_chunks(args.chunks), trials=args.trials,
-                   timeout_s=args.timeout, repeats=args.repeats,
+                   timeout_s=args.timeout, repeats=args.repeats, race=not args.no_race, repeat_cap=args.repeat_cap,
+                   budget_repeats=args.budget_repeats,
                    min_trial_seconds=args.min_trial_seconds, trial_timeout_s=args.trial_timeout,
                    confirm_top=args.confirm_top, confirm_rounds=args.confirm_rounds, prune=not args.no_prune,
                    storage=args.storage, study_name=getattr(args, "study_name", None), out=getattr(args, "out", None),

@@ -20,7 +20,7 @@ from pipeline.core.result import TrialResult
 from pipeline.pooling import Pool
 from pipeline.rounds import interleaved
 from pipeline.timeline import Timeline
-from search.coordination import measured_trials
+from search.coordination import is_seed, measured_trials
 
 __all__ = ["Confirmation", "Confirmed", "confirm"]
 
@@ -145,7 +145,7 @@ def _chosen(study: optuna.Study, top: int, references: bool) -> list[FrozenTrial
         take(pippy)
     if references:
         for t in ok:
-            if str(t.user_attrs.get("source", "tpe")) != "tpe":
+            if is_seed(t):
                 take(t)
     return chosen
 

@@ -14,9 +14,17 @@ import warnings
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-__all__ = ["MEASURED", "claims", "fail_stale", "measured_trials", "others_running", "skip_reason", "worker_id"]
+__all__ = ["MEASURED", "SAMPLER", "claims", "fail_stale", "is_seed", "measured_trials", "others_running",
+           "repeats_spent", "skip_reason", "worker_id"]
 
 MEASURED = "measured"
+SAMPLER = "sampler"
+"""The ``source`` of a trial the search's sampler proposed (the seeds carry their policies' names)."""
+
+
+def is_seed(t: FrozenTrial) -> bool:
+    """An enqueued reference (cost-model optimum, a policy, PiPPy), not one of the sampler's proposals."""
+    return str(t.user_attrs.get("source", SAMPLER)) not in (SAMPLER, "tpe")
 
 
 def worker_id() -> str:
@@ -35,10 +43,17 @@ def _alive(pid: int) -> bool:
 
 
 def measured_trials(study: optuna.Study) -> list[FrozenTrial]:
-    """Trials that ran a plan to the end: complete, or failed with a reason (a stale trial, whose worker
-    died, has none and is not counted)."""
-    return [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.FAIL))
-            if t.user_attrs.get(MEASURED) and (t.state == TrialState.COMPLETE or t.user_attrs.get("fail_reason"))]
+    """Trials that ran a plan: complete, raced out (pruned after some repeats), or failed with a reason (a
+    stale trial, whose worker died, has none and is not counted)."""
+    return [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.FAIL,
+                                                                 TrialState.PRUNED))
+            if t.user_attrs.get(MEASURED) and (t.state == TrialState.COMPLETE or t.user_attrs.get("fail_reason")
+                                               or t.user_attrs.get("raced_out"))]
+
+
+def repeats_spent(study: optuna.Study) -> int:
+    """Timed pipeline repeats over the study's measured trials (what ``--budget-repeats`` counts)."""
+    return sum(int(t.user_attrs.get("repeats", 0)) for t in measured_trials(study))
 
 
 def _running_claims(study: optuna.Study) -> list[FrozenTrial]:

@@ -12,7 +12,7 @@ from pipeline.core.atomic import write_json, write_text, write_with
 from pipeline.core.plan import SplitPlan
 from pipeline.export import provenance
 from search.confirm import Confirmation
-from search.coordination import MEASURED
+from search.coordination import MEASURED, SAMPLER, is_seed
 from search.objective import SearchContext
 
 
@@ -28,13 +28,13 @@ def summary_rows(study: optuna.Study, confirmation: Confirmation | None) -> list
     for t in study.get_trials(deepcopy=False):
         if not t.user_attrs.get(MEASURED):
             continue
-        src = str(t.user_attrs.get("source", "tpe"))
-        if src == "tpe" and t.number != best_no:
+        if not is_seed(t) and t.number != best_no:
             continue
         c = confirmed.get(t.number)
         rows.append({
             "role": "BEST" if t.number == best_no else "reference",
-            "source": src, "trial": t.number, "split_points": t.user_attrs.get("split_points"),
+            "source": str(t.user_attrs.get("source", SAMPLER)), "trial": t.number,
+            "split_points": t.user_attrs.get("split_points"),
             "chunks": t.user_attrs.get("chunks"), "predicted": t.user_attrs.get("predicted_speedup"),
             "measured": t.value if t.state == optuna.trial.TrialState.COMPLETE else None,
             "confirmed": c.median if c else None,
@@ -94,7 +94,7 @@ def export(study: optuna.Study, ctx: SearchContext, outdir: Path, *, confirmatio
     paths.append(write_with(outdir / "trials.csv", lambda tmp: df.to_csv(tmp, index=False)))
     rows = summary_rows(study, confirmation)
     table = summary_table(rows)
-    budget = budget_line(trial_counts(study), asked)
+    budget = budget_line(trial_counts(study), asked, ctx.budget_repeats)
     ceiling = study.user_attrs.get("ceiling")
     if ceiling:
         stages = (study.user_attrs.get("config") or {}).get("stages", "?")
@@ -110,14 +110,18 @@ def export(study: optuna.Study, ctx: SearchContext, outdir: Path, *, confirmatio
 
 
 def trial_counts(study: optuna.Study) -> dict[str, int]:
-    """How the study's trials ended: measured (by seeds and by the sampler), pruned, infeasible, repeated."""
-    out = {"stored": 0, "measured": 0, "seeds": 0, "pruned": 0, "infeasible": 0, "duplicates": 0, "skipped": 0}
+    """How the study's trials ended: measured (by seeds and by the sampler; raced out among them), pruned,
+    infeasible, repeated; the timed repeats spent; the space's size."""
+    out = {"stored": 0, "measured": 0, "seeds": 0, "raced_out": 0, "repeats": 0, "pruned": 0, "infeasible": 0,
+           "duplicates": 0, "skipped": 0, "space": int(study.user_attrs.get("space_size") or 0)}
     for t in study.get_trials(deepcopy=False):
         a = t.user_attrs
         out["stored"] += 1
         if a.get(MEASURED):
             out["measured"] += 1
-            out["seeds"] += str(a.get("source", "tpe")) != "tpe"
+            out["seeds"] += is_seed(t)
+            out["raced_out"] += bool(a.get("raced_out"))
+            out["repeats"] += int(a.get("repeats", 0))
         elif a.get("pruned_by"):
             out["pruned"] += 1
         elif a.get("infeasible"):
@@ -129,17 +133,27 @@ def trial_counts(study: optuna.Study) -> dict[str, int]:
     return out
 
 
-def budget_line(c: dict[str, int], asked: int | None) -> str:
+def budget_line(c: dict[str, int], asked: int | None, budget_repeats: int | None = None) -> str:
     """The search's budget in words: what was asked, what was measured, and why the rest was not."""
     own = c["measured"] - c["seeds"]
-    text = (f"{c['measured']} measured trials ({c['seeds']} seeds, {own} the sampler's own)"
-            + (f" of {asked} asked for" if asked is not None else "") + f"; {c['stored']} stored in all.")
+    raced = f", {c['raced_out']} of them raced out early" if c.get("raced_out") else ""
+    text = (f"{c['measured']} measured trials ({c['seeds']} seeds, {own} the sampler's own{raced})"
+            + (f" of {asked} asked for" if asked is not None else "")
+            + f", {c.get('repeats', 0)} timed repeats" + (f" of a budget of {budget_repeats}" if budget_repeats else "")
+            + f"; {c['stored']} trials stored in all"
+            + (f", from a space of {c['space']} plans." if c.get("space") else "."))
     if asked is not None and c["measured"] < asked:
-        text += (f" The search stopped short: of the sampler's other proposals, {c['pruned']} were pruned by the "
-                 "cost model (predicted speedup, corrected by the most optimistic measured/predicted ratio so far, "
-                 f"below 97 % of the best measured), {c['infeasible']} were infeasible (cuts out of order) and "
-                 f"{c['duplicates']} repeated a measured plan. Run the same command with --no-prune to measure what "
-                 "the cost model pruned.")
+        if budget_repeats is not None and c.get("repeats", 0) >= budget_repeats:
+            text += " The search stopped when its repeat budget was spent."
+        elif c.get("space") and c["measured"] + c["pruned"] >= c["space"]:
+            text += (f" The space holds only {c['space']} plans ({c['measured']} measured, {c['pruned']} pruned by "
+                     "the cost model): every one was tried.")
+        else:
+            text += (f" The search stopped short: of the sampler's other proposals, {c['pruned']} were pruned by "
+                     "the cost model (predicted speedup, corrected by the most optimistic measured/predicted ratio "
+                     f"so far, below 97 % of the best measured), {c['infeasible']} were infeasible and "
+                     f"{c['duplicates']} repeated a measured plan. Run the same command with --no-prune to measure "
+                     "what the cost model pruned.")
     return text
 
 

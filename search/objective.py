@@ -1,4 +1,4 @@
-"""One search trial: decode the proposal into a plan, predict it, prune it or measure it, record it.
+"""One search trial: decode the proposal into a plan, predict it, prune it or race it, record it.
 
 ``SearchContext`` is what every trial of one study shares (the study, the pool, the profile, the
 settings); ``Objective`` is the callable Optuna runs, one trial at a time.
@@ -7,6 +7,7 @@ settings); ``Objective`` is the callable Optuna runs, one trial at a time.
 from __future__ import annotations
 
 import statistics
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -17,12 +18,14 @@ from costmodel.simulate import simulate
 from costmodel.types import Machine, Profile
 from pipeline.candidates import Candidates
 from pipeline.core.plan import SplitPlan, SplitPoint
-from pipeline.core.result import TrialResult
+from pipeline.core.result import TrialResult, merged
 from pipeline.core.spec import ModelSpec
 from pipeline.pooling import Pool
-from search.coordination import MEASURED, measured_trials, skip_reason, worker_id
-from search.pruning import prune_reason
-from search.space import cut_ranges, decode, violation
+from search.coordination import MEASURED, SAMPLER, measured_trials, repeats_spent, skip_reason, worker_id
+from search.notes import save_trial_note
+from search.pruning import PRUNE_STREAK, prune_reason
+from search.racing import band, best_value, study_cv
+from search.space import PlanPoint, PlanSpace
 
 __all__ = ["Objective", "SearchContext", "TrialFailed", "plan_key", "result_attrs"]
 
@@ -45,14 +48,18 @@ class SearchContext:
     profile: Profile
     cands: Candidates
     spec: ModelSpec
-    stages: int
-    chunks: tuple[int, ...]
+    space: PlanSpace
     threads: int
     backend: str
     schedule: str
     device: str
     repeats: int
+    """Base repeats per trial: a plan that is neither behind nor a contender stops here."""
     trial_timeout_s: float
+    repeat_cap: int | None = None
+    """Most repeats a contender earns (None: racing off, every plan gets ``repeats``)."""
+    budget_repeats: int | None = None
+    """The study's total of timed pipeline repeats over its measured trials (None: no limit)."""
     prune: bool = True
     progress: bool = True
     artifacts: Any = None
@@ -61,6 +68,14 @@ class SearchContext:
     """The study's total of measured trials, shared by every worker on it."""
     results: dict[int, TrialResult] = field(default_factory=dict)
     """This worker's measured results by trial number (the study keeps their figures as user attributes)."""
+
+    @property
+    def stages(self) -> int:
+        return self.space.stages
+
+    @property
+    def chunks(self) -> tuple[int, ...]:
+        return self.space.chunks
 
     def plan(self, points: tuple[SplitPoint, ...], chunks: int) -> SplitPlan:
         return SplitPlan(model=self.spec, split_points=points, chunks=chunks, backend=self.backend,
@@ -81,9 +96,33 @@ class SearchContext:
         except ValueError:
             return None
 
+    def predictor(self) -> Callable[[PlanPoint], float]:
+        """The calibrated model's speedup of a plan, cached until a new trial is measured (the calibration
+        changes only then): what the sampler scores proposals with."""
+        state: dict[str, Any] = {"n": -1, "machine": None, "cache": {}}
+
+        def predict(p: PlanPoint) -> float:
+            n = len(measured_trials(self.study))
+            if n != state["n"]:
+                machine = self.calibrated()
+                if machine != state["machine"]:
+                    state.update(machine=machine, cache={})
+                state["n"] = n
+            cache: dict[PlanPoint, float] = state["cache"]
+            if p not in cache:
+                cache[p] = simulate(self.profile, p.cuts, p.chunks, self.schedule, machine=state["machine"]).speedup
+            return cache[p]
+
+        return predict
+
     def best_measured(self) -> optuna.trial.FrozenTrial | None:
         ok = [t for t in measured_trials(self.study) if t.state == optuna.trial.TrialState.COMPLETE]
         return max(ok, key=lambda t: float(t.value or 0.0)) if ok else None
+
+    def repeats_left(self) -> int | None:
+        if self.budget_repeats is None:
+            return None
+        return self.budget_repeats - repeats_spent(self.study)
 
 
 class Objective:
@@ -97,22 +136,21 @@ class Objective:
         fixed = trial.user_attrs.get("fixed_plan")
         source = trial.user_attrs.get("source")
         if source is None:
-            trial.set_user_attr("source", "tpe")
+            trial.set_user_attr("source", SAMPLER)
         prediction = None
         machine: Machine | None = None
+        point: PlanPoint | None = None
         if fixed:
             plan = SplitPlan.from_dict(fixed)
         else:
-            cuts = [trial.suggest_int(f"cut_{i}", lo, hi) for i, (lo, hi) in
-                    enumerate(cut_ranges(len(ctx.profile.segments), ctx.stages))]
-            chunks = trial.suggest_categorical("chunks", list(ctx.chunks))
-            v = violation(cuts)
-            trial.set_constraint("cut_order", v)
-            if v > 0:
-                trial.set_user_attr("infeasible", f"cuts {cuts} are not increasing")
-                raise optuna.TrialPruned("infeasible: cuts not increasing")
-            plan = ctx.plan_for_cuts(cuts, int(chunks))
-            prediction = simulate(ctx.profile, cuts, int(chunks), ctx.schedule)
+            params = {name: trial.suggest_categorical(name, list(choices)) for name, choices in ctx.space.choices().items()}
+            try:
+                point = ctx.space.decode(params)
+            except ValueError as e:  # only a foreign sampler or a hand-enqueued trial can get here
+                trial.set_user_attr("infeasible", str(e))
+                raise optuna.TrialPruned(f"infeasible: {e}") from None
+            plan = ctx.plan_for_cuts(point.cuts, point.chunks)
+            prediction = simulate(ctx.profile, point.cuts, point.chunks, ctx.schedule)
             trial.set_user_attr("predicted_speedup", prediction.speedup)
             trial.set_user_attr("predicted_s", prediction.makespan_s)
             trial.set_user_attr("predicted_bubble", prediction.bubble_fraction)
@@ -120,10 +158,9 @@ class Objective:
                 trial.set_user_attr("predicted_ceiling", prediction.ceiling)
             machine = ctx.calibrated()
             if machine is not None:
-                trial.set_user_attr("calibrated_speedup",
-                                    simulate(ctx.profile, cuts, int(chunks), ctx.schedule, machine=machine).speedup)
-            bounds = [0, *cuts, len(ctx.profile.segments)]
-            trial.set_user_attr("stage_blocks", [b - a for a, b in zip(bounds, bounds[1:])])
+                trial.set_user_attr("calibrated_speedup", simulate(ctx.profile, point.cuts, point.chunks,
+                                                                   ctx.schedule, machine=machine).speedup)
+            trial.set_user_attr("stage_blocks", ctx.space.stage_blocks(point))
         trial.set_user_attr("split_points", [p.fqn if p.kind == "BEGINNING" else f"{p.fqn}:END"
                                              for p in plan.split_points])
         trial.set_user_attr("chunks", plan.chunks)
@@ -133,8 +170,8 @@ class Objective:
             if t.user_attrs.get("plan_key") == key and t.state == optuna.trial.TrialState.COMPLETE:
                 trial.set_user_attr("duplicate_of", t.number)
                 return float(t.value or 0.0)
-        if ctx.prune and source is None and prediction is not None:
-            self._maybe_prune(trial, cuts, int(chunks), machine)
+        if ctx.prune and source is None and point is not None:
+            self._maybe_prune(trial, point, machine)
         trial.set_user_attr("plan_key", key)
         trial.set_user_attr(MEASURED, True)
         trial.set_user_attr("worker", worker_id())
@@ -144,9 +181,7 @@ class Objective:
             trial.set_user_attr("skipped", why)
             raise optuna.TrialPruned(why)
         try:
-            # warmup=0: the output check just ran the freshly built pipeline once, which is its warm-up
-            result = ctx.pool.run(plan, repeats=ctx.repeats, warmup=0, timeout_s=ctx.trial_timeout_s,
-                                  serial_all=False)
+            result, raced = self._race(trial, plan, seed=source is not None)
         except KeyboardInterrupt:
             trial.set_user_attr(MEASURED, False)  # an interrupted run measured nothing; resume runs it again
             trial.set_user_attr("fail_reason", "interrupted")
@@ -154,38 +189,82 @@ class Objective:
         ctx.results[trial.number] = result
         for k, v in result_attrs(result).items():
             trial.set_user_attr(k, v)
-        if result.ok and prediction is not None and ctx.profile.machine is not None:
+        if result.ok and result.events and prediction is not None and ctx.profile.machine is not None:
             spans = [[(a, b) for _, a, b in ev] for ev in result.events]
             trial.set_user_attr("calibration_rows",
                                 trial_rows(prediction.stage_s, spans, ctx.profile.machine).to_dict())
-        if result.ok and ctx.artifacts is not None:
-            self._upload_timeline(trial, result, plan)
+        artifact = self._upload_timeline(trial, result, plan) if result.ok and ctx.artifacts is not None else None
+        state = "raced out" if raced else ("measured" if result.ok else "failed")
+        save_trial_note(trial, ctx.space.names, state, artifact)
         if not result.ok:
             raise TrialFailed(result.reason)
+        if raced:
+            raise optuna.TrialPruned(str(trial.user_attrs.get("raced_out")))
         return result.speedup
 
-    def _maybe_prune(self, trial: optuna.Trial, cuts: list[int], chunks: int, machine: Machine | None) -> None:
+    def _race(self, trial: optuna.Trial, plan: SplitPlan, *, seed: bool) -> tuple[TrialResult, bool]:
+        """Measure ``plan`` a repeat at a time on one built stage, reporting the speedup so far after each:
+        (the result, whether the racing pruner stopped it). Seeds are references: never raced out."""
+        ctx = self.ctx
+        base = ctx.repeats
+        cap = ctx.repeat_cap or base
+        left = ctx.repeats_left()
+        if left is not None:
+            cap, base = max(1, min(cap, left)), max(1, min(base, left))
+        race = ctx.repeat_cap is not None
+        kw: dict[str, Any] = {"warmup": 0, "timeout_s": ctx.trial_timeout_s, "serial_all": False, "keep": race}
+        # warmup=0: the output check just ran the freshly built pipeline once, which is its warm-up
+        parts = [ctx.pool.run(plan, repeats=1 if race else base, **kw)]
+        while True:
+            result = merged(parts)
+            k = len(result.pipeline_s)
+            trial.set_user_attr("repeats", k)
+            if not result.ok:
+                return result, False
+            trial.report(result.speedup, step=k)
+            if k >= cap:
+                return result, False
+            best = best_value(ctx.study, trial.number)
+            if not seed and trial.should_prune():
+                cv = study_cv(ctx.study)
+                trial.set_user_attr("raced_out", f"after {k} repeat{'s' if k > 1 else ''} at {result.speedup:.2f}x, "
+                                    f"more than {band(cv, k):.1%} behind the best {best or 0:.2f}x")
+                return result, True
+            if k >= base and best is not None and result.speedup < best:
+                return result, False  # not a new best: the base repeats rank it well enough
+            parts.append(ctx.pool.run(plan, repeats=1, resume=True, **kw))
+
+    def _maybe_prune(self, trial: optuna.Trial, point: PlanPoint, machine: Machine | None) -> None:
         """Prune by the calibrated model once it can be fitted (the raw one before): the new plan and every
         measured plan are predicted by the same model, so the rule's correction compares like with like.
-        Nothing is reported to Optuna: a prediction is not a measurement (it stays in the user attributes)."""
+        Nothing is reported to Optuna: a prediction is not a measurement (it stays in the user attributes).
+        After ``PRUNE_STREAK`` prunes in a row the next proposal runs: pruning may not starve the search."""
         ctx = self.ctx
+        recent = [t for t in ctx.study.get_trials(deepcopy=False) if t.number < trial.number
+                  and t.user_attrs.get("source") == SAMPLER and t.state.is_finished()][-PRUNE_STREAK:]
+        if len(recent) == PRUNE_STREAK and all(t.user_attrs.get("pruned_by") for t in recent):
+            trial.set_user_attr("pruning_rested", f"the last {PRUNE_STREAK} proposals were pruned")
+            return
         done = []
         for t in measured_trials(ctx.study):
             if t.state != optuna.trial.TrialState.COMPLETE or not t.user_attrs.get("predicted_speedup"):
                 continue
             if machine is None:
                 done.append((float(t.value or 0.0), float(t.user_attrs["predicted_speedup"])))
-            elif "cut_0" in t.params:
-                past = decode(t.params, ctx.stages)
-                done.append((float(t.value or 0.0), simulate(ctx.profile, past[0], past[1], ctx.schedule,
+            else:
+                try:
+                    past = ctx.space.decode(t.params)
+                except ValueError:
+                    continue
+                done.append((float(t.value or 0.0), simulate(ctx.profile, past.cuts, past.chunks, ctx.schedule,
                                                              machine=machine).speedup))
-        predicted = simulate(ctx.profile, cuts, chunks, ctx.schedule, machine=machine).speedup
+        predicted = simulate(ctx.profile, point.cuts, point.chunks, ctx.schedule, machine=machine).speedup
         why = prune_reason(predicted, done)
         if why:
             trial.set_user_attr("pruned_by", why + (" (calibrated)" if machine is not None else ""))
             raise optuna.TrialPruned()
 
-    def _upload_timeline(self, trial: optuna.Trial, result: TrialResult, plan: SplitPlan) -> None:
+    def _upload_timeline(self, trial: optuna.Trial, result: TrialResult, plan: SplitPlan) -> str:
         """The trial's measured timeline as a PNG artifact beside the trial in optuna-dashboard."""
         import tempfile
         from pathlib import Path
@@ -200,6 +279,7 @@ class Objective:
             artifact_id = upload_artifact(artifact_store=self.ctx.artifacts, file_path=str(path),
                                           study_or_trial=trial, mimetype="image/png")
         trial.set_user_attr("timeline_artifact", artifact_id)
+        return str(artifact_id)
 
 
 def result_attrs(result: TrialResult) -> dict[str, Any]:
@@ -210,4 +290,4 @@ def result_attrs(result: TrialResult) -> dict[str, Any]:
     keep = ("speedup_spread", "serial_s", "pipeline_s", "stage_compute_s", "stage_comm_s", "boundary_bytes",
             "peak_mem_bytes", "max_abs_diff")
     return {**{k: m[k] for k in keep}, "measured_s": statistics.median(result.pipeline_s), "output_check": "ok",
-            "trial_wall_s": result.wall_s}
+            "trial_wall_s": result.wall_s, "speedup": result.speedup, "speedups": list(result.speedups)}

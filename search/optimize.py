@@ -1,9 +1,11 @@
 """``python -m search.optimize``: an Optuna study whose trials are real pipeline runs.
 
-The cost model (``costmodel``) profiles the model once, seeds the study with its optimum and every
-reference policy, and prunes plans it predicts to be clearly behind the best one measured. Every other
-trial builds and times a real multi-process pipeline on a persistent pool. A confirmation round then
-re-measures the top plans, interleaved, before one is declared best and exported.
+The cost model (``costmodel``) profiles the model once and seeds the study with its optimum and every
+reference policy. The search's own sampler then proposes only valid plans not tried before: neighbours
+of the best measured plans scored by the (calibrated) cost model, with some exploration. Each trial
+builds and times a real multi-process pipeline on a persistent pool, a repeat at a time: a plan clearly
+behind the best stops early, contenders earn more repeats. A confirmation round then re-measures the
+top plans, interleaved, before one is declared best and exported.
 """
 
 from __future__ import annotations
@@ -23,10 +25,13 @@ from search.confirm import Confirmation
 from search.coordination import others_running
 from search.objective import SearchContext
 
+SPACE_VERSION = 2  # cuts as module names, proposed in order by search.sampler (1: integer cut_i + a constraint)
 EXAMPLES = """\
 examples:
   python -m search.optimize --stages 4                       # DeiT-S, batch 32, CPU: what `make optimize` runs
   python -m search.optimize --stages 2 --trials 12 --chunks 4,8,16
+  python -m search.optimize --stages 8 --granularity layer --trials 40   # a space too big for a grid
+  python -m search.optimize --stages 2 --budget-repeats 60   # stop after 60 timed repeats in all
   python -m search.optimize --model resnet50 --image-size 160 --batch-size 8 --stages 2
   python -m search.optimize --stages 2 --storage results/study.log   # a journal file instead of SQLite
   # resume: run the same command again; --trials is the study's total of measured trials
@@ -64,7 +69,15 @@ def build_parser(prog: str, description: str, epilog: str, *, sweep: bool = Fals
                    help="measured trials each study should hold in total (default 12 for 2 stages, 14 otherwise"
                    + ("; 10 per stage count in a sweep)" if sweep else ")"))
     s.add_argument("--timeout", type=float, default=None, help="stop starting new trials after this many seconds")
-    s.add_argument("--repeats", type=int, default=2, help="timed repeats per trial, at least (default 2)")
+    s.add_argument("--repeats", type=int, default=2,
+                   help="base timed repeats per trial (default 2; raised for short models, see --min-trial-seconds)")
+    s.add_argument("--repeat-cap", type=int, default=None,
+                   help="most repeats a plan within the noise of the best earns (default twice the base repeats)")
+    s.add_argument("--no-race", action="store_true",
+                   help="give every plan the base repeats (default: race, a repeat at a time; a plan clearly behind "
+                   "the best stops after its first repeats)")
+    s.add_argument("--budget-repeats", type=int, default=None,
+                   help="stop when the study's measured trials have spent this many timed repeats in all")
     s.add_argument("--min-trial-seconds", type=float, default=4.0,
                    help="a short model is repeated more, so that each trial times about this many seconds of the "
                    "serial model (predicted by the profile), at most 5x --repeats; 0 turns it off (default 4)")
@@ -72,7 +85,9 @@ def build_parser(prog: str, description: str, epilog: str, *, sweep: bool = Fals
     s.add_argument("--confirm-top", type=int, default=2,
                    help="best plans re-measured in the confirmation round, with PiPPy's equal-size plan (default 2)")
     s.add_argument("--confirm-rounds", type=int, default=2, help="interleaved rounds of confirmation (default 2)")
-    s.add_argument("--no-prune", action="store_true", help="measure every plan the sampler asks for")
+    s.add_argument("--no-prune", action="store_true",
+                   help="measure every plan the sampler proposes (default: the cost model may skip a plan it predicts "
+                   "clearly behind, at most 3 in a row)")
     s.add_argument("--storage", default=DEFAULT_STORAGE, help=f"Optuna storage URL or journal file (default {DEFAULT_STORAGE})")
     if not sweep:
         s.add_argument("--study-name", default=None, help="default: <model>-s<stages>-b<batch>-<device>")
@@ -131,6 +146,7 @@ def run_study(cfg: SearchConfig, *, references: bool = False) -> StudyRun:
     reference policy beside the best (``search.sweep``)."""
     import optuna
 
+    from costmodel.partition import ranked
     from costmodel.profile import load_for_stages
     from pipeline.candidates import find_candidates
     from pipeline.core.atomic import check_writable
@@ -139,7 +155,11 @@ def run_study(cfg: SearchConfig, *, references: bool = False) -> StudyRun:
     from pipeline.models import build_model
     from search.confirm import confirm
     from search.export import export, export_timelines
+    from search.notes import save_study_note, study_note
+    from search.racing import RacingPruner
     from search.runner import run_loop, seed_count, seed_study, trial_repeats
+    from search.sampler import PlanSampler
+    from search.space import PlanPoint, PlanSpace
     from search.storage import open_storage
 
     check_writable(cfg.results_dir, folder=True)
@@ -155,6 +175,8 @@ def run_study(cfg: SearchConfig, *, references: bool = False) -> StudyRun:
     stages = cfg.stages
     threads = cfg.threads_per_stage or default_threads(stages)
     trials = cfg.trials or (12 if stages == 2 else 14)
+    if cfg.trials is None and cfg.budget_repeats is not None:
+        trials = 10**9  # the repeat budget alone limits the study (the space's size bounds it too)
     name = cfg.study_name or default_study_name(spec.name, stages, spec.batch_size, device, granularity)
     outdir = Path(cfg.results_dir) / name
     artifacts = None
@@ -165,12 +187,12 @@ def run_study(cfg: SearchConfig, *, references: bool = False) -> StudyRun:
         art_dir.mkdir(parents=True, exist_ok=True)
         artifacts = FileSystemArtifactStore(art_dir)
     config = {"model": spec.key, "stages": stages, "granularity": granularity, "device": device,
-              "threads_per_stage": threads, "backend": cfg.backend, "schedule": cfg.schedule}
+              "threads_per_stage": threads, "backend": cfg.backend, "schedule": cfg.schedule, "space": SPACE_VERSION}
     # failed trials are reported in one line by the search loop, not with optuna's traceback
     optuna.logging.set_verbosity(optuna.logging.ERROR)
+    # the sampler needs the profile: it replaces this placeholder once the profile is loaded
     study = optuna.create_study(study_name=name, storage=storage, direction="maximize", load_if_exists=True,
-                                sampler=optuna.samplers.TPESampler(seed=cfg.model.seed, multivariate=True,
-                                                                   n_startup_trials=4))
+                                sampler=optuna.samplers.RandomSampler(seed=cfg.model.seed), pruner=RacingPruner())
     old = study.user_attrs.get("config")
     if old is not None and old != config:
         diff = [k for k in config if old.get(k) != config[k]]
@@ -178,7 +200,14 @@ def run_study(cfg: SearchConfig, *, references: bool = False) -> StudyRun:
                              "pass --study-name to start a new study, or the same flags to resume it")
     study.set_user_attr("config", config)
     study.set_user_attr("model_spec", spec.to_dict())
+    if study.metric_names is None:
+        import warnings
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)  # stable API since 3.2 in practice
+            study.set_metric_names(["speedup"])  # the dashboard shows "speedup", not "Objective 0"
     extra: list[Path] = []
+    asked = trials
     confirmation = None
     interrupted = False
     with open_pool(stages, device=device, threads_per_stage=threads) as pool:
@@ -191,16 +220,29 @@ def run_study(cfg: SearchConfig, *, references: bool = False) -> StudyRun:
             study.set_user_attr("machine", prof.machine.to_dict())
         serial_s = sum(seg.latency(spec.batch_size) for seg in prof.segments)
         repeats = trial_repeats(cfg.repeats, serial_s, cfg.min_trial_seconds)
-        print(f"study {name} in {cfg.storage}: {len(cands.cuts)} cut points, chunks {chunks}, "
-              f"{threads} thread(s)/stage, {repeats} repeats per trial; profile "
-              f"{'from cache' if cached else 'measured'}", flush=True)
+        cap = (cfg.repeat_cap or 2 * repeats) if cfg.race else None
+        space = PlanSpace(names=tuple(seg.fqn for seg in prof.segments), stages=stages, chunks=tuple(chunks))
+        study.set_user_attr("space_size", space.size)
+        print(f"study {name} in {cfg.storage}: {len(cands.cuts)} cut points, chunks {chunks}, {space.size} plans, "
+              f"{threads} thread(s)/stage, " + (f"{repeats} repeats per trial (racing, up to {cap})" if cap else
+                                                f"{repeats} repeats per trial") +
+              f"; profile {'from cache' if cached else 'measured'}", flush=True)
         started = time.monotonic()
-        ctx = SearchContext(study=study, pool=pool, profile=prof, cands=cands, spec=spec, stages=stages,
-                            chunks=tuple(chunks), threads=threads, backend=cfg.backend, schedule=cfg.schedule,
-                            device=device, repeats=repeats, trial_timeout_s=cfg.trial_timeout_s, prune=cfg.prune,
-                            progress=cfg.progress, artifacts=artifacts, budget=trials)
+        ctx = SearchContext(study=study, pool=pool, profile=prof, cands=cands, spec=spec, space=space,
+                            threads=threads, backend=cfg.backend, schedule=cfg.schedule, device=device,
+                            repeats=repeats, repeat_cap=cap, budget_repeats=cfg.budget_repeats,
+                            trial_timeout_s=cfg.trial_timeout_s, prune=cfg.prune, progress=cfg.progress,
+                            artifacts=artifacts, budget=trials)
+        model_best = [PlanPoint(cuts=p.cuts, chunks=p.chunks) for p in ranked(prof, stages, chunks)]
+        study.sampler = PlanSampler(space, ctx.predictor(), model_best, seed=cfg.model.seed)
+        save_study_note(study, study_note(config, space.size, study.user_attrs.get("ceiling")))
         try:
-            seed_study(ctx)
+            seed_study(ctx, policies=references)
+            outside = sum(1 for t in study.get_trials(deepcopy=False) if t.user_attrs.get("fixed_plan"))
+            asked = trials
+            if trials > space.size + outside:  # PiPPy's mid-block plan is outside the block space
+                trials = space.size + outside
+                ctx = replace(ctx, budget=trials)
             if references:  # every reference policy is measured, however few trials were asked for
                 trials = max(trials, seed_count(study))
                 ctx = replace(ctx, budget=trials)
@@ -217,7 +259,8 @@ def run_study(cfg: SearchConfig, *, references: bool = False) -> StudyRun:
             interrupted = True
             confirmation = None
             print("\ninterrupted: keeping every finished trial and exporting the best so far", file=sys.stderr)
-    paths = export(study, ctx, outdir, confirmation=confirmation, out=cfg.out, storage_url=cfg.storage, asked=trials)
+    paths = export(study, ctx, outdir, confirmation=confirmation, out=cfg.out, storage_url=cfg.storage,
+                   asked=None if cfg.trials is None and cfg.budget_repeats is not None else asked)
     paths += export_timelines(study, outdir, confirmation, artifacts)
     return StudyRun(study=study, context=ctx, confirmation=confirmation, outdir=outdir, paths=paths + extra,
                     interrupted=interrupted, storage_url=cfg.storage)

@@ -3,16 +3,19 @@
 Once ``PRUNE_AFTER`` plans are measured, a new plan's predicted speedup is corrected by the most
 optimistic measured/predicted ratio seen so far; if even that falls below ``PRUNE_MARGIN`` of the best
 measured speedup (inside the ~5 % noise of one trial, so a plan that could tie is still run), the plan
-is pruned without a run. Enqueued seeds always run (the caller does not ask).
+is pruned without a run. Enqueued seeds always run (the caller does not ask), and after
+``PRUNE_STREAK`` prunes in a row the next proposal runs, so that a model far off the measurements
+cannot starve the search.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-__all__ = ["PRUNE_AFTER", "PRUNE_MARGIN", "prune_reason"]
+__all__ = ["PRUNE_AFTER", "PRUNE_MARGIN", "PRUNE_STREAK", "prune_reason"]
 
 PRUNE_AFTER = 3
+PRUNE_STREAK = 3
 PRUNE_MARGIN = 0.97
 
 

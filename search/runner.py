@@ -1,8 +1,9 @@
 """The search loop: seed the study, then ask, run the objective and tell until the budget is measured.
 
-A worker with nothing left to claim (other workers measure the last trials) waits for them; a sampler
-that proposes only plans that need no run (measured, infeasible or pruned) ``IDLE_LIMIT`` times in a
-row has exhausted the space as far as this search can tell.
+The budget is measured trials (``--trials``) and, optionally, timed repeats (``--budget-repeats``),
+whichever runs out first. A worker with nothing left to claim (other workers measure the last trials)
+waits for them; the loop also stops when the sampler has tried every plan of the space, or (a safety
+net) after ``IDLE_LIMIT`` proposals in a row that needed no run.
 """
 
 from __future__ import annotations
@@ -12,10 +13,9 @@ import time
 
 import optuna
 
-from search.coordination import claims, fail_stale, measured_trials
+from search.coordination import claims, fail_stale, is_seed, measured_trials, repeats_spent
 from search.objective import Objective, SearchContext, TrialFailed
 from search.seeds import seeds
-from search.space import encode
 
 __all__ = ["IDLE_LIMIT", "run_loop", "seed_count", "seed_study", "trial_repeats"]
 
@@ -34,13 +34,15 @@ def trial_repeats(asked: int, serial_s: float, min_seconds: float, cap: int = 5)
     return max(asked, min(cap * asked, math.ceil(min_seconds / serial_s)))
 
 
-def seed_study(ctx: SearchContext) -> None:
-    """Enqueue the references once per study (a resumed study keeps the ones it has)."""
+def seed_study(ctx: SearchContext, *, policies: bool = False) -> None:
+    """Enqueue PiPPy's plan and the cost model's best two once per study (a resumed study keeps the ones it
+    has); ``policies`` adds every reference policy (``search.sweep`` reports them all)."""
     if ctx.study.user_attrs.get("seeded"):
         return
-    for s in seeds(ctx.profile, ctx.cands, ctx.stages, list(ctx.chunks)):
+    for s in seeds(ctx.profile, ctx.cands, ctx.stages, list(ctx.chunks), policies=policies):
         if s.cuts is not None:
-            ctx.study.enqueue_trial(encode(s.cuts, s.chunks), user_attrs={"source": s.source}, skip_if_exists=True)
+            params = ctx.space.encode(ctx.space.from_cuts(s.cuts, s.chunks))
+            ctx.study.enqueue_trial(params, user_attrs={"source": s.source}, skip_if_exists=True)
         else:
             plan = ctx.plan(s.points or (), s.chunks)
             ctx.study.enqueue_trial({}, user_attrs={"source": s.source, "fixed_plan": plan.to_dict()},
@@ -50,7 +52,7 @@ def seed_study(ctx: SearchContext) -> None:
 
 def seed_count(study: optuna.Study) -> int:
     """Trials enqueued from the references (run or waiting): a sweep measures all of them."""
-    return sum(1 for t in study.get_trials(deepcopy=False) if str(t.user_attrs.get("source", "tpe")) != "tpe")
+    return sum(1 for t in study.get_trials(deepcopy=False) if is_seed(t))
 
 
 def run_loop(ctx: SearchContext, trials: int, *, timeout: float | None = None, started: float | None = None) -> None:
@@ -69,9 +71,16 @@ def run_loop(ctx: SearchContext, trials: int, *, timeout: float | None = None, s
         bar.update(max(0, min(now, trials) - min(done, trials)))
 
     idle = 0
+    sampler = study.sampler
     try:
         while done < trials:
             if timeout is not None and time.monotonic() - started > timeout:
+                break
+            if ctx.budget_repeats is not None and repeats_spent(study) >= ctx.budget_repeats:
+                print(f"\nstopping: the study's budget of {ctx.budget_repeats} timed repeats is spent")
+                break
+            if getattr(sampler, "exhausted", False):
+                print(f"\nstopping: every one of the space's {ctx.space.size} plans has been tried")
                 break
             if len(claims(study)) >= trials:
                 # other workers are measuring the last trials: wait for them (or for their staleness)
@@ -89,15 +98,16 @@ def run_loop(ctx: SearchContext, trials: int, *, timeout: float | None = None, s
             else:
                 idle += 1
                 if idle >= IDLE_LIMIT:
-                    print(f"\nstopping early: the last {IDLE_LIMIT} plans the sampler proposed were already "
-                          "measured, out of order, or predicted clearly behind the best")
+                    print(f"\nstopping early: the last {IDLE_LIMIT} plans the sampler proposed needed no run "
+                          "(measured before, pruned by the cost model, or skipped)")
                     break
             done = now
             best = ctx.best_measured()
             last = next(t for t in reversed(study.trials) if t.state.is_finished())
             if last.state == optuna.trial.TrialState.FAIL and last.user_attrs.get("fail_reason"):
                 bar.write(f"trial {last.number} failed: {last.user_attrs['fail_reason']}")
-            bar.set_postfix_str(f"best {best.value:.2f}x" if best else "best -", refresh=False)
+            bar.set_postfix_str((f"best {best.value:.2f}x" if best else "best -") + f", {repeats_spent(study)} repeats",
+                                refresh=False)
             bar.set_description(f"trials (last: {last.user_attrs.get('source', '?')} {last.state.name.lower()})")
     finally:
         bar.close()

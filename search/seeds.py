@@ -30,8 +30,9 @@ def _best_chunks(profile: Profile, cuts: list[int], chunks: list[int]) -> int:
     return min((m for m in chunks if profile.batch_size % m == 0), key=lambda m: simulate(profile, cuts, m).makespan_s)
 
 
-def seeds(profile: Profile, cands: Candidates, stages: int, chunks: list[int]) -> list[Seed]:
-    """PiPPy equal-size first (the lab's baseline), then the cost model's best two, then the policies.
+def seeds(profile: Profile, cands: Candidates, stages: int, chunks: list[int], *, policies: bool = True) -> list[Seed]:
+    """PiPPy equal-size first (the lab's baseline), then the cost model's best two, then (``policies``) the
+    other reference policies: a sweep reports every policy; a search leaves the rest to its sampler.
 
     Every reference runs at the chunk count that the cost model predicts best for its own cuts, as the
     lab tuned PiPPy's chunks by hand: a baseline at a chunk count that suits another split would flatter
@@ -58,7 +59,7 @@ def seeds(profile: Profile, cands: Candidates, stages: int, chunks: list[int]) -
     if len(best) > 1:
         out.append(Seed(source="costmodel-next", chunks=best[1].chunks, cuts=best[1].cuts))
     for name, pol in POLICIES.items():
-        if pol.on_units:
+        if pol.on_units or not policies:
             continue
         cuts = pol.cuts(inputs, stages)
         out.append(Seed(source=name, chunks=_best_chunks(profile, cuts, chunks), cuts=tuple(cuts)))

@@ -121,6 +121,7 @@ def rows_for(stages: int, study: Any) -> list[Any]:
     import optuna
 
     from search.confirm import Confirmation
+    from search.coordination import is_seed
     from search.report import PolicyRow, stage_ranges
 
     conf = Confirmation.of(study)
@@ -139,11 +140,11 @@ def rows_for(stages: int, study: Any) -> list[Any]:
                              compute_s=compute, send_s=send, serial_s=float(detail.get("serial_s", float("nan")))))
     confirmed = {r.trial for r in plans}
     for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.FAIL,)):
-        src = str(t.user_attrs.get("source", "tpe"))
-        if src == "tpe" or not t.user_attrs.get("fail_reason") or t.number in confirmed:
+        if not is_seed(t) or not t.user_attrs.get("fail_reason") or t.number in confirmed:
             continue
         pts = list(t.user_attrs.get("split_points") or [])
-        out.append(PolicyRow(stages=stages, source=src, trial=t.number, best=False, split_points=tuple(pts),
+        out.append(PolicyRow(stages=stages, source=str(t.user_attrs.get("source")), trial=t.number, best=False,
+                             split_points=tuple(pts),
                              stage_ranges=tuple(stage_ranges(pts, segments)), chunks=int(t.user_attrs["chunks"]),
                              predicted=t.user_attrs.get("predicted_speedup"), measured=float("nan"),
                              spread=(float("nan"), float("nan")), failed=str(t.user_attrs["fail_reason"])))

@@ -8,7 +8,9 @@ import urllib.request
 import pytest
 
 from search.optimize import main
-from tests.conftest import TINY_VIT_ARGS, dashboard
+from tests.conftest import TINY_VIT, TINY_VIT_ARGS, dashboard
+
+TINY_VIT_KW = TINY_VIT
 
 pytestmark = [pytest.mark.slow, pytest.mark.multiprocess]
 
@@ -98,14 +100,43 @@ def test_bad_input_exits_non_zero_with_one_line(tmp_path, extra, message):
     assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr
 
 
-def test_a_search_that_cannot_measure_what_was_asked_says_so_in_its_summary(tmp_path, capsys):
-    """40 trials asked of a space of a handful of plans: the summary says how many were measured, why the
-    rest were not, and how to measure them anyway."""
+def test_a_search_asked_for_more_plans_than_the_space_holds_says_so(tmp_path, capsys):
+    """40 trials asked of a space of a handful of plans: every plan is tried once, and the summary says
+    how many the space holds."""
+    import optuna
+
     args = [*TINY_VIT_ARGS, "--stages", "2", "--chunks", "1", "--trials", "40", "--repeats", "1",
             "--min-trial-seconds", "0", "--confirm-top", "1", "--confirm-rounds", "1", "--threads-per-stage", "1",
-            "--no-progress", "--no-artifacts", "--storage", f"sqlite:///{tmp_path}/o.db", "--results-dir", str(tmp_path)]
+            "--no-progress", "--no-artifacts", "--no-prune", "--storage", f"sqlite:///{tmp_path}/o.db",
+            "--results-dir", str(tmp_path)]
     assert main(args) == 0
     out = capsys.readouterr().out
     summary = next(tmp_path.glob("*/summary.md")).read_text()
     for text in (out, summary):
-        assert "of 40 asked for" in text and "stopped short" in text and "--no-prune" in text
+        assert "of 40 asked for" in text and "The space holds only" in text
+    study = optuna.load_study(study_name=None, storage=f"sqlite:///{tmp_path}/o.db")
+    keys = [t.user_attrs.get("plan_key") for t in study.trials if t.user_attrs.get("measured")]
+    assert len(keys) == len(set(keys))  # no plan measured twice
+
+
+def test_a_four_stage_search_stores_no_infeasible_trial_and_races_its_repeats(tmp_path):
+    import optuna
+    from optuna_dashboard._note import get_note_from_system_attrs
+
+    args = [*TINY_VIT_ARGS, "--model-kwargs", json.dumps({**TINY_VIT_KW, "depth": 6}), "--stages", "4",
+            "--chunks", "2,4", "--trials", "6", "--repeats", "2", "--min-trial-seconds", "0", "--confirm-top", "1",
+            "--confirm-rounds", "1", "--threads-per-stage", "1", "--no-progress", "--granularity", "layer",
+            "--storage", f"sqlite:///{tmp_path}/o.db", "--results-dir", str(tmp_path)]
+    assert main(args) == 0
+    study = optuna.load_study(study_name=None, storage=f"sqlite:///{tmp_path}/o.db")
+    assert study.metric_names == ["speedup"]
+    assert not [t for t in study.trials if t.user_attrs.get("infeasible")]
+    measured = [t for t in study.trials if t.user_attrs.get("measured")]
+    assert len(measured) == 6
+    sampled = [t for t in measured if t.user_attrs["source"] == "sampler"]
+    assert sampled and all(str(t.params["cut_1"]).startswith(("blocks", "patch", "cls", "pos", "norm", "head"))
+                           for t in sampled)
+    for t in measured:
+        assert t.intermediate_values and max(t.intermediate_values) == t.user_attrs["repeats"]
+        note = get_note_from_system_attrs(study._storage.get_study_system_attrs(study._study_id), t._trial_id)["body"]
+        assert f"Trial {t.number}" in note and "measured (median of" in note

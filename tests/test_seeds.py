@@ -33,3 +33,9 @@ def test_every_policy_seeds_the_study_once(tiny_spec, cands):
         assert s.chunks in (1, 2, 4, 8)
         if s.cuts is not None:
             assert len(s.cuts) == 1 and 0 < s.cuts[0] < len(cands.blocks)
+
+
+def test_a_search_seeds_only_pippy_and_the_cost_model(tiny_spec, cands):
+    out = seeds(profile_for(cands, tiny_spec.batch_size), cands, 2, [1, 2, 4, 8], policies=False)
+    names = {n for s in out for n in s.source.split("+")}
+    assert names <= {"pippy-equal-size", "costmodel-optimum", "costmodel-next"} and "pippy-equal-size" in names

@@ -1,31 +1,55 @@
+import random
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from pipeline.core.plan import choose_chunks
-from search.space import cut_ranges, decode, encode, violation
+from search.space import PlanPoint, PlanSpace
 
 
-def test_each_cut_has_its_own_fixed_range():
-    assert cut_ranges(7, 2) == [(1, 6)]
-    assert cut_ranges(7, 4) == [(1, 4), (2, 5), (3, 6)]
+def space(n=7, stages=3, chunks=(1, 4, 8)):
+    return PlanSpace(names=tuple(f"s{i}" for i in range(n)), stages=stages, chunks=chunks)
+
+
+def test_params_are_module_names_and_round_trip():
+    sp = space()
+    p = PlanPoint(cuts=(2, 5), chunks=8)
+    assert sp.encode(p) == {"cut_1": "s2", "cut_2": "s5", "chunks": 8}
+    assert sp.decode(sp.encode(p)) == p
+    assert sp.choices()["cut_1"] == ("s1", "s2", "s3", "s4", "s5", "s6")  # the same fixed list for every cut
+    assert sp.size == 15 * 3
+    assert sp.stage_blocks(p) == [2, 3, 2]
+
+
+def test_out_of_order_or_unknown_params_name_the_problem():
+    sp = space()
+    with pytest.raises(ValueError, match="cuts must start strictly later stages"):
+        sp.decode({"cut_1": "s5", "cut_2": "s2", "chunks": 8})
+    with pytest.raises(ValueError, match="lack or misname 'cut_2'"):
+        sp.decode({"cut_1": "s5", "chunks": 8})
     with pytest.raises(ValueError, match="8 stages need at least 8 segments, the model has 7"):
-        cut_ranges(7, 8)
+        space(stages=8)
 
 
-@given(st.integers(2, 30), st.data())
-def test_every_increasing_cut_set_lies_inside_the_ranges(n, data):
-    stages = data.draw(st.integers(2, n))
-    cuts = sorted(data.draw(st.sets(st.integers(1, n - 1), min_size=stages - 1, max_size=stages - 1)))
-    assert all(lo <= c <= hi for c, (lo, hi) in zip(cuts, cut_ranges(n, stages)))
-    assert violation(cuts) == 0
+@given(st.integers(2, 60), st.data())
+def test_neighbours_and_random_plans_are_always_valid(n, data):
+    stages = data.draw(st.integers(2, min(n, 10)))
+    sp = space(n=n, stages=stages)
+    rng = random.Random(data.draw(st.integers(0, 10**6)))
+    p = sp.random_point(rng)
+    assert sp.valid(p) and sp.decode(sp.encode(p)) == p
+    radius = data.draw(st.integers(1, 4))
+    for q in sp.neighbours(p, radius):
+        assert sp.valid(q) and q != p
 
 
-def test_violation_measures_how_unordered():
-    assert violation([3, 3]) == 1
-    assert violation([5, 2, 2]) == 4 + 1
+def test_chunks_neighbours_step_along_the_list():
+    sp = space()
+    near = set(sp.neighbours(PlanPoint(cuts=(2, 5), chunks=4)))
+    assert PlanPoint(cuts=(2, 5), chunks=1) in near and PlanPoint(cuts=(2, 5), chunks=8) in near
+    assert PlanPoint(cuts=(3, 5), chunks=4) in near and PlanPoint(cuts=(2, 4), chunks=4) in near
 
 
-def test_round_trip_and_chunks():
-    assert decode(encode([2, 5], 8), 3) == ([2, 5], 8)
-    assert choose_chunks(None, 32, [1, 3, 4, 4, 64, 32]) == [1, 4, 32]  # defaults that do not divide are dropped
+def test_default_chunks_that_do_not_divide_are_dropped():
+    assert choose_chunks(None, 32, [1, 3, 4, 4, 64, 32]) == [1, 4, 32]

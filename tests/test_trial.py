@@ -17,3 +17,20 @@ def test_only_rank_0_times_the_serial_model_and_repeats_are_counted(pool2, tiny_
     assert all(not math.isnan(s) for s in r.serial_s) and r.busy_s <= r.wall_s
     r = pool2.run(plan, repeats=1, warmup=0, serial=False, serial_all=False)
     assert r.ok and r.serial_s == () and math.isnan(r.speedup)
+
+
+@pytest.mark.parametrize("backend", ["torch", "pippy"])
+def test_a_kept_stage_takes_more_repeats_without_building_again(pool2, tiny_spec, backend):
+    from pipeline.core.result import merged
+
+    plan = SplitPlan(model=tiny_spec, split_points=(SplitPoint("blocks.2"),), chunks=2, backend=backend)
+    first = pool2.run(plan, repeats=1, warmup=0, serial_all=False, keep=True)
+    more = pool2.run(plan, repeats=2, warmup=0, serial_all=False, resume=True, keep=True)
+    assert first.ok and more.ok, (first.reason, more.reason)
+    assert more.build_s < first.build_s / 5 and more.max_abs_diff == first.max_abs_diff
+    assert len(more.comm_events[1]) == len(first.comm_events[1])  # a re-hooked stage is timed once, not twice
+    both = merged([first, more])
+    assert len(both.pipeline_s) == 3 and both.build_s == first.build_s
+    other = SplitPlan(model=tiny_spec, split_points=(SplitPoint("blocks.1"),), chunks=2, backend=backend)
+    fresh = pool2.run(other, repeats=1, warmup=0, serial_all=False, resume=True)  # nothing kept for it: built
+    assert fresh.ok and fresh.build_s > more.build_s

@@ -7,7 +7,7 @@
 from __future__ import annotations
 
 import statistics
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from pipeline.core.plan import SplitPlan
@@ -121,3 +121,29 @@ class TrialResult:
     @classmethod
     def failed(cls, plan: SplitPlan, reason: str, **kw: Any) -> TrialResult:
         return cls(plan=plan, ok=False, reason=reason, **kw)
+
+
+def merged(parts: list[TrialResult]) -> TrialResult:
+    """One result from a trial and the resumed trials that added repeats to the same built stage (the
+    search's races): per-repeat timings joined, times summed, the per-rank medians weighted by repeats,
+    the build and output check from the first part, the timeline from the last."""
+    if not parts:
+        raise ValueError("nothing to merge")
+    bad = next((p for p in parts if not p.ok), None)
+    if bad is not None or len(parts) == 1:
+        return bad or parts[0]
+    first, last = parts[0], parts[-1]
+
+    def joined(name: str) -> tuple[float, ...]:
+        return tuple(x for p in parts for x in getattr(p, name))
+
+    def weighted(name: str) -> tuple[float, ...]:
+        ranks = len(getattr(first, name))
+        return tuple(median([getattr(p, name)[r] for p in parts for _ in p.pipeline_s]) for r in range(ranks))
+
+    peaks = tuple(max(p.peak_mem_bytes[r] for p in parts) for r in range(len(first.peak_mem_bytes)))
+    return replace(last, serial_s=joined("serial_s"), serial_all_s=joined("serial_all_s"),
+                   pipeline_s=joined("pipeline_s"), stage_compute_s=weighted("stage_compute_s"),
+                   stage_comm_s=weighted("stage_comm_s"), peak_mem_bytes=peaks, max_abs_diff=first.max_abs_diff,
+                   tolerance=first.tolerance, build_s=first.build_s, wall_s=sum(p.wall_s for p in parts),
+                   busy_s=sum(p.busy_s for p in parts), boundary_bytes=first.boundary_bytes)
