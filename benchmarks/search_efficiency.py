@@ -99,8 +99,8 @@ def main(argv: list[str] | None = None) -> int:
     sim.add_argument("--budget", type=int, default=300, help="repeats a search may spend (default 300)")
     sim.add_argument("--base-repeats", type=int, default=3,
                      help="repeats per plan of the baselines and ours' base (default 3, what a DeiT-S search uses here)")
-    sim.add_argument("--seg-sd", type=float, default=0.12, help="per-segment latency error, lognormal sd")
-    sim.add_argument("--plan-sd", type=float, default=0.03, help="per-plan error, lognormal sd")
+    sim.add_argument("--seg-sd", type=float, default=0.3, help="per-segment latency error, lognormal sd (default 0.3)")
+    sim.add_argument("--plan-sd", type=float, default=0.05, help="per-plan error, lognormal sd (default 0.05)")
     sim.add_argument("--noise-cv", type=float, default=0.05, help="per-repeat noise, lognormal sd")
     sim.add_argument("--json", default=None, help="write the figures here too")
     args = p.parse_args(argv)

@@ -14,8 +14,6 @@ import pytest
 
 from tests.conftest import TINY_VIT_ARGS, free_port
 
-pytestmark = [pytest.mark.slow, pytest.mark.multiprocess]
-
 TRIALS = 6
 
 
@@ -31,9 +29,10 @@ def workers(storage, tmp_path, n=2):
 
 
 def check_study(storage):
+    from search.coordination import measured_trials
+
     study = optuna.load_study(study_name="shared", storage=storage)
-    measured = [t for t in study.trials if t.user_attrs.get("measured")
-                and t.state in (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.FAIL)]
+    measured = measured_trials(study)  # complete, failed with a reason, or raced out
     assert len(measured) == TRIALS, [(t.number, t.state, t.user_attrs.get("worker")) for t in study.trials]
     keys = [t.user_attrs["plan_key"] for t in measured]
     assert len(set(keys)) == len(keys), "a plan was measured twice"
@@ -41,6 +40,8 @@ def check_study(storage):
     assert not [t for t in study.trials if t.state == optuna.trial.TrialState.RUNNING]
 
 
+@pytest.mark.slow
+@pytest.mark.multiprocess
 def test_two_workers_on_one_journal_file(tmp_path):
     storage = str(tmp_path / "study.log")
     workers(storage, tmp_path)
@@ -93,11 +94,15 @@ def postgres():
         shutil.rmtree(base, ignore_errors=True)
 
 
+@pytest.mark.slow
+@pytest.mark.multiprocess
 def test_two_workers_on_one_postgres_study(postgres, tmp_path):
     workers(postgres, tmp_path)
     check_study(postgres)
 
 
+@pytest.mark.slow
+@pytest.mark.multiprocess
 def test_a_dead_workers_running_trial_is_failed_as_stale_and_not_counted(tmp_path):
     """A trial left RUNNING by a worker that died (journal storage has no heartbeats) is failed by the next
     worker on the same host, and the budget is then met by measuring another plan."""
@@ -117,3 +122,27 @@ def test_a_dead_workers_running_trial_is_failed_as_stale_and_not_counted(tmp_pat
     frozen = study.trials[t.number]
     assert frozen.state == optuna.trial.TrialState.FAIL and "died while measuring" in frozen.user_attrs["stale"]
     assert claims(study) == [] and measured_trials(study) == []
+
+
+@pytest.mark.parametrize("state", ["complete", "raced", "pruned"])
+def test_raced_out_trials_count_as_measured_and_their_repeats_are_spent(state):
+    from search.coordination import is_seed, measured_trials, repeats_spent
+
+    study = optuna.create_study(direction="maximize")
+    t = study.ask()
+    t.set_user_attr("source", "sampler")
+    t.set_user_attr("repeats", 3)
+    if state == "pruned":  # pruned by the cost model: never ran
+        t.set_user_attr("pruned_by", "cost model")
+        study.tell(t, state=optuna.trial.TrialState.PRUNED)
+    else:
+        t.set_user_attr("measured", True)
+        if state == "raced":
+            t.set_user_attr("raced_out", "after 1 repeat")
+            t.report(1.2, step=1)
+            study.tell(t, state=optuna.trial.TrialState.PRUNED)
+        else:
+            study.tell(t, 1.5)
+    assert len(measured_trials(study)) == (0 if state == "pruned" else 1)
+    assert repeats_spent(study) == (0 if state == "pruned" else 3)
+    assert not is_seed(study.trials[0])

@@ -8,9 +8,7 @@ import urllib.request
 import pytest
 
 from search.optimize import main
-from tests.conftest import TINY_VIT, TINY_VIT_ARGS, dashboard
-
-TINY_VIT_KW = TINY_VIT
+from tests.conftest import TINY_VIT_ARGS, dashboard
 
 pytestmark = [pytest.mark.slow, pytest.mark.multiprocess]
 
@@ -123,16 +121,15 @@ def test_a_four_stage_search_stores_no_infeasible_trial_and_races_its_repeats(tm
     import optuna
     from optuna_dashboard._note import get_note_from_system_attrs
 
-    args = [*TINY_VIT_ARGS, "--model-kwargs", json.dumps({**TINY_VIT_KW, "depth": 6}), "--stages", "4",
-            "--chunks", "2,4", "--trials", "6", "--repeats", "2", "--min-trial-seconds", "0", "--confirm-top", "1",
-            "--confirm-rounds", "1", "--threads-per-stage", "1", "--no-progress", "--granularity", "layer",
-            "--storage", f"sqlite:///{tmp_path}/o.db", "--results-dir", str(tmp_path)]
+    args = [*TINY_VIT_ARGS, "--stages", "4", "--chunks", "2,4", "--trials", "5", "--repeats", "2",
+            "--min-trial-seconds", "0", "--confirm-top", "1", "--confirm-rounds", "1", "--threads-per-stage", "1",
+            "--no-progress", "--granularity", "layer", "--storage", f"sqlite:///{tmp_path}/o.db", "--results-dir", str(tmp_path)]
     assert main(args) == 0
     study = optuna.load_study(study_name=None, storage=f"sqlite:///{tmp_path}/o.db")
     assert study.metric_names == ["speedup"]
     assert not [t for t in study.trials if t.user_attrs.get("infeasible")]
     measured = [t for t in study.trials if t.user_attrs.get("measured")]
-    assert len(measured) == 6
+    assert len(measured) == 5
     sampled = [t for t in measured if t.user_attrs["source"] == "sampler"]
     assert sampled and all(str(t.params["cut_1"]).startswith(("blocks", "patch", "cls", "pos", "norm", "head"))
                            for t in sampled)

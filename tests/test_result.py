@@ -30,3 +30,19 @@ def test_failed_result_has_reason_and_no_speedup():
     r = TrialResult.failed(PLAN, "rank 1 died")
     assert not r.ok and r.reason == "rank 1 died"
     assert math.isnan(r.speedup)
+
+
+def test_merged_joins_repeats_and_keeps_the_first_build():
+    from pipeline.core.plan import SplitPlan, SplitPoint
+    from pipeline.core.result import TrialResult, merged
+    from pipeline.core.spec import ModelSpec
+
+    plan = SplitPlan(model=ModelSpec(name="m", batch_size=4), split_points=(SplitPoint("b.1"),), chunks=2)
+    a = TrialResult(plan=plan, ok=True, serial_s=(2.0,), pipeline_s=(1.0,), stage_compute_s=(0.4, 0.6),
+                    stage_comm_s=(0.1, 0.1), peak_mem_bytes=(5, 6), build_s=2.0, wall_s=3.0, busy_s=2.5)
+    b = TrialResult(plan=plan, ok=True, serial_s=(2.0, 2.0), pipeline_s=(0.8, 0.9), stage_compute_s=(0.5, 0.5),
+                    stage_comm_s=(0.2, 0.2), peak_mem_bytes=(7, 4), build_s=0.01, wall_s=1.0, busy_s=0.9)
+    m = merged([a, b])
+    assert m.pipeline_s == (1.0, 0.8, 0.9) and m.serial_s == (2.0, 2.0, 2.0) and m.build_s == 2.0
+    assert m.wall_s == 4.0 and m.peak_mem_bytes == (7, 6) and m.stage_compute_s == (0.5, 0.5)
+    assert merged([a, TrialResult.failed(plan, "boom")]).reason == "boom"

@@ -4,20 +4,33 @@ from search.export import summary_table
 
 
 def test_summary_table_marks_the_best_and_a_failed_reference():
-    rows = [{"role": "BEST", "source": "tpe", "trial": 7, "split_points": ["blocks.2"], "chunks": 4, "predicted": 1.8,
+    rows = [{"role": "BEST", "source": "sampler", "trial": 7, "split_points": ["blocks.2"], "chunks": 4, "predicted": 1.8,
              "measured": 1.7, "confirmed": 1.65, "failed": None},
             {"role": "reference", "source": "pippy-equal-size", "trial": 0, "split_points": ["blocks.1.mlp.fc1"],
              "chunks": 2, "predicted": None, "measured": None, "confirmed": None, "failed": "rank 1 failed mid-trial"}]
     lines = summary_table(rows).splitlines()
-    assert lines[2] == "| BEST | tpe | 7 | blocks.2 | 4 | 1.80 | 1.70 | 1.65 |"
+    assert lines[2] == "| BEST | sampler | 7 | blocks.2 | 4 | 1.80 | 1.70 | 1.65 |"
     assert lines[3].startswith("| reference | pippy-equal-size | 0 | blocks.1.mlp.fc1 | 2 | - | failed: rank 1")
 
 
 def test_a_search_that_measured_fewer_trials_than_asked_says_why():
     from search.export import budget_line
 
-    counts = {"stored": 124, "measured": 4, "seeds": 4, "pruned": 100, "infeasible": 18, "duplicates": 2, "skipped": 0}
+    counts = {"stored": 124, "measured": 4, "seeds": 4, "raced_out": 0, "repeats": 9, "pruned": 100, "infeasible": 18,
+              "duplicates": 2, "skipped": 0, "space": 300}
     line = budget_line(counts, asked=8)
-    assert line.startswith("4 measured trials (4 seeds, 0 the sampler's own) of 8 asked for; 124 stored in all.")
-    assert "100 were pruned by the cost model" in line and "18 were infeasible" and "--no-prune" in line
+    assert line.startswith("4 measured trials (4 seeds, 0 the sampler's own) of 8 asked for, 9 timed repeats; "
+                           "124 trials stored in all, from a space of 300 plans.")
+    assert "100 were pruned by the cost model" in line and "18 were infeasible" in line and "--no-prune" in line
     assert "stopped short" not in budget_line(counts | {"measured": 8, "seeds": 4}, asked=8)
+
+
+def test_the_budget_line_names_the_repeat_budget_and_a_small_space():
+    from search.export import budget_line
+
+    counts = {"stored": 10, "measured": 6, "seeds": 3, "raced_out": 2, "repeats": 20, "pruned": 0, "infeasible": 0,
+              "duplicates": 0, "skipped": 0, "space": 6}
+    line = budget_line(counts, asked=40)
+    assert "2 of them raced out early" in line and "The space holds only 6 plans" in line
+    line = budget_line(counts, asked=40, budget_repeats=20)
+    assert "of a budget of 20" in line and "repeat budget was spent" in line
