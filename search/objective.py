@@ -6,6 +6,7 @@ settings); ``Objective`` is the callable Optuna runs, one trial at a time.
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -25,6 +26,7 @@ from search.coordination import MEASURED, SAMPLER, measured_trials, repeats_spen
 from search.notes import save_trial_note
 from search.pruning import PRUNE_STREAK, prune_reason
 from search.racing import band, best_value, study_cv
+from search.sampler import REVISIT
 from search.space import PlanPoint, PlanSpace
 
 __all__ = ["Objective", "SearchContext", "TrialFailed", "plan_key", "result_attrs"]
@@ -170,7 +172,9 @@ class Objective:
             if t.user_attrs.get("plan_key") == key and t.state == optuna.trial.TrialState.COMPLETE:
                 trial.set_user_attr("duplicate_of", t.number)
                 return float(t.value or 0.0)
-        if ctx.prune and source is None and point is not None:
+        # the sampler marks a revisit in storage while it samples (after this trial object was made)
+        revisit = bool(ctx.study._storage.get_trial(trial._trial_id).user_attrs.get(REVISIT))
+        if ctx.prune and source is None and point is not None and not revisit:
             self._maybe_prune(trial, point, machine)
         trial.set_user_attr("plan_key", key)
         trial.set_user_attr(MEASURED, True)
@@ -203,8 +207,10 @@ class Objective:
         return result.speedup
 
     def _race(self, trial: optuna.Trial, plan: SplitPlan, *, seed: bool) -> tuple[TrialResult, bool]:
-        """Measure ``plan`` a repeat at a time on one built stage, reporting the speedup so far after each:
-        (the result, whether the racing pruner stopped it). Seeds are references: never raced out."""
+        """Measure ``plan`` on one built stage in steps of ceil(base / 2) repeats (one repeat at a time at
+        DeiT-S's 2 base repeats; fewer round trips for a short model repeated more), reporting the median
+        speedup after every repeat and asking the pruner after every step: (the result, whether the racing
+        pruner stopped it). Seeds are references: never raced out."""
         ctx = self.ctx
         base = ctx.repeats
         cap = ctx.repeat_cap or base
@@ -212,16 +218,21 @@ class Objective:
         if left is not None:
             cap, base = max(1, min(cap, left)), max(1, min(base, left))
         race = ctx.repeat_cap is not None
+        step = max(1, math.ceil(base / 2)) if race else base
         kw: dict[str, Any] = {"warmup": 0, "timeout_s": ctx.trial_timeout_s, "serial_all": False, "keep": race}
         # warmup=0: the output check just ran the freshly built pipeline once, which is its warm-up
-        parts = [ctx.pool.run(plan, repeats=1 if race else base, **kw)]
+        parts = [ctx.pool.run(plan, repeats=min(step, base), **kw)]
+        reported = 0
         while True:
             result = merged(parts)
             k = len(result.pipeline_s)
             trial.set_user_attr("repeats", k)
             if not result.ok:
                 return result, False
-            trial.report(result.speedup, step=k)
+            speedups = result.speedups
+            for j in range(reported + 1, k + 1):
+                trial.report(statistics.median(speedups[:j]) if speedups[:j] else float("nan"), step=j)
+            reported = k
             if k >= cap:
                 return result, False
             best = best_value(ctx.study, trial.number)
@@ -230,9 +241,10 @@ class Objective:
                 trial.set_user_attr("raced_out", f"after {k} repeat{'s' if k > 1 else ''} at {result.speedup:.2f}x, "
                                     f"more than {band(cv, k):.1%} behind the best {best or 0:.2f}x")
                 return result, True
-            if k >= base and best is not None and result.speedup < best:
-                return result, False  # not a new best: the base repeats rank it well enough
-            parts.append(ctx.pool.run(plan, repeats=1, resume=True, **kw))
+            if k >= base and (best is None or result.speedup < best):
+                return result, False  # not a new best (or the first plan): the base repeats rank it well enough
+            limit = base if k < base else cap
+            parts.append(ctx.pool.run(plan, repeats=min(step, limit - k), resume=True, **kw))
 
     def _maybe_prune(self, trial: optuna.Trial, point: PlanPoint, machine: Machine | None) -> None:
         """Prune by the calibrated model once it can be fitted (the raw one before): the new plan and every

@@ -3,8 +3,8 @@
 The cost model (``costmodel``) profiles the model once and seeds the study with its optimum and every
 reference policy. The search's own sampler then proposes only valid plans not tried before: neighbours
 of the best measured plans scored by the (calibrated) cost model, with some exploration. Each trial
-builds and times a real multi-process pipeline on a persistent pool, a repeat at a time: a plan clearly
-behind the best stops early, contenders earn more repeats. A confirmation round then re-measures the
+builds and times a real multi-process pipeline on a persistent pool, a few repeats at a time: a plan
+clearly behind the best stops early, a plan that beats the best earns more repeats. A confirmation round then re-measures the
 top plans, interleaved, before one is declared best and exported.
 """
 
@@ -72,10 +72,10 @@ def build_parser(prog: str, description: str, epilog: str, *, sweep: bool = Fals
     s.add_argument("--repeats", type=int, default=2,
                    help="base timed repeats per trial (default 2; raised for short models, see --min-trial-seconds)")
     s.add_argument("--repeat-cap", type=int, default=None,
-                   help="most repeats a plan within the noise of the best earns (default twice the base repeats)")
+                   help="most repeats a plan that beats the best earns (default twice the base repeats)")
     s.add_argument("--no-race", action="store_true",
-                   help="give every plan the base repeats (default: race, a repeat at a time; a plan clearly behind "
-                   "the best stops after its first repeats)")
+                   help="give every plan the base repeats (default: race, half the base repeats at a time; a plan "
+                   "clearly behind the best stops after its first repeats)")
     s.add_argument("--budget-repeats", type=int, default=None,
                    help="stop when the study's measured trials have spent this many timed repeats in all")
     s.add_argument("--min-trial-seconds", type=float, default=4.0,

@@ -1,4 +1,4 @@
-"""Racing repeats: a plan is measured a repeat at a time and stops as soon as it is clearly behind.
+"""Racing repeats: a plan is measured a few repeats at a time and stops as soon as it is clearly behind.
 
 The rule, pure (``verdict``): after k repeats a plan's speedup (the median of its repeats) is compared
 with the best complete trial's. The noise band is ``Z * cv / sqrt(k)``, with ``cv`` the per-repeat

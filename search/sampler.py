@@ -20,7 +20,22 @@ from search.coordination import MEASURED
 from search.proposals import EXPLORE, Measured, propose
 from search.space import PlanPoint, PlanSpace, best_first
 
-__all__ = ["PlanSampler", "tried_points"]
+__all__ = ["REVISIT", "PlanSampler", "running_points", "tried_points"]
+
+REVISIT = "revisit"
+"""User attribute of a proposal the cost model pruned before, proposed again once every plan was tried:
+the objective runs it rather than pruning it twice."""
+
+
+def running_points(study: optuna.Study, space: PlanSpace) -> set[PlanPoint]:
+    """Plans being measured now (by any worker)."""
+    out = set()
+    for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        try:
+            out.add(space.decode(t.params))
+        except ValueError:
+            continue
+    return out
 
 
 def tried_points(study: optuna.Study, space: PlanSpace) -> tuple[list[Measured], set[PlanPoint]]:
@@ -75,6 +90,11 @@ class PlanSampler(optuna.samplers.BaseSampler):
         measured, seen = tried_points(study, self.space)
         p = propose(self.space, measured, seen, self.predict, self._next_ranked(seen), self._rng,
                     explore=self.explore)
+        if p is None:  # every plan tried: those the cost model pruned without a run get their run now
+            ran = {m.point for m in measured} | running_points(study, self.space)
+            p = propose(self.space, measured, ran, self.predict, [], self._rng, explore=self.explore)
+            if p is not None:
+                study._storage.set_trial_user_attr(trial._trial_id, REVISIT, True)
         if p is None:
             self.exhausted = True
             best = max(measured, key=lambda m: m.speedup, default=None)

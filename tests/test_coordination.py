@@ -19,7 +19,7 @@ TRIALS = 6
 
 def workers(storage, tmp_path, n=2):
     argv = [sys.executable, "-m", "search.optimize", *TINY_VIT_ARGS, "--stages", "2", "--chunks", "1,2,4",
-            "--trials", str(TRIALS), "--repeats", "1", "--confirm-top", "1", "--confirm-rounds", "1",
+            "--trials", str(TRIALS), "--repeats", "1", "--min-trial-seconds", "0", "--confirm-top", "1", "--confirm-rounds", "1",
             "--threads-per-stage", "1", "--no-progress", "--no-prune", "--storage", storage,
             "--study-name", "shared", "--results-dir", str(tmp_path), "--seed", "3"]
     procs = [subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for _ in range(n)]

@@ -20,5 +20,5 @@ def test_trial_attributes_are_a_subset_of_the_result_shape():
                      stage_comm_s=(0.1, 0.1), boundary_bytes=(8,), peak_mem_bytes=(1, 2), wall_s=3.0)
     attrs = result_attrs(ok)
     assert attrs["pipeline_s"] == [1.0] and attrs["measured_s"] == 1.0 and attrs["output_check"] == "ok"
-    assert set(attrs) - {"measured_s", "output_check", "trial_wall_s"} <= set(ok.measured())
+    assert set(attrs) - {"measured_s", "output_check", "trial_wall_s", "speedups"} <= set(ok.measured())
     assert result_attrs(TrialResult.failed(plan, "boom")) == {"fail_reason": "boom"}

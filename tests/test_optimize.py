@@ -17,8 +17,9 @@ STUDY = "tiny-e2e"
 
 def run_args(tmp, trials):
     return [*TINY_VIT_ARGS, "--stages", "2", "--chunks", "1,2,4", "--trials", str(trials), "--repeats", "1",
-            "--confirm-top", "2", "--confirm-rounds", "1", "--threads-per-stage", "1", "--no-progress",
-            "--storage", f"sqlite:///{tmp}/optuna.db", "--study-name", STUDY, "--results-dir", str(tmp), "--seed", "1"]
+            "--min-trial-seconds", "0", "--confirm-top", "2", "--confirm-rounds", "1", "--threads-per-stage", "1",
+            "--no-progress", "--storage", f"sqlite:///{tmp}/optuna.db", "--study-name", STUDY, "--results-dir", str(tmp),
+            "--seed", "1"]
 
 
 @pytest.fixture(scope="module")
@@ -123,7 +124,8 @@ def test_a_four_stage_search_stores_no_infeasible_trial_and_races_its_repeats(tm
 
     args = [*TINY_VIT_ARGS, "--stages", "4", "--chunks", "2,4", "--trials", "5", "--repeats", "2",
             "--min-trial-seconds", "0", "--confirm-top", "1", "--confirm-rounds", "1", "--threads-per-stage", "1",
-            "--no-progress", "--granularity", "layer", "--storage", f"sqlite:///{tmp_path}/o.db", "--results-dir", str(tmp_path)]
+            "--no-progress", "--no-artifacts", "--granularity", "layer", "--storage", f"sqlite:///{tmp_path}/o.db",
+            "--results-dir", str(tmp_path)]
     assert main(args) == 0
     study = optuna.load_study(study_name=None, storage=f"sqlite:///{tmp_path}/o.db")
     assert study.metric_names == ["speedup"]
