@@ -70,6 +70,8 @@ class SearchContext:
     """The study's total of measured trials, shared by every worker on it."""
     results: dict[int, TrialResult] = field(default_factory=dict)
     """This worker's measured results by trial number (the study keeps their figures as user attributes)."""
+    _memo: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+    """The calibration fitted at a count of measured trials and its predictions (shared by ``replace``)."""
 
     @property
     def stages(self) -> int:
@@ -88,34 +90,33 @@ class SearchContext:
 
     def calibrated(self) -> Machine | None:
         """The machine model refitted to every measured trial's timeline in the study (a resumed study's
-        too), or None while there are fewer trials than factors or no machine model."""
+        too), or None while there are fewer trials than factors or no machine model; fitted once per
+        count of measured trials (the calibration changes only when a trial is measured)."""
         if self.profile.machine is None:
             return None
-        rows = [TrialRows.from_dict(t.user_attrs["calibration_rows"]) for t in measured_trials(self.study)
-                if t.user_attrs.get("calibration_rows")]
-        try:
-            return fit(rows).apply(self.profile.machine) if rows else None
-        except ValueError:
-            return None
+        done = measured_trials(self.study)
+        if self._memo.get("fit_at") != len(done):
+            rows = [TrialRows.from_dict(t.user_attrs["calibration_rows"]) for t in done
+                    if t.user_attrs.get("calibration_rows")]
+            try:
+                machine = fit(rows).apply(self.profile.machine) if rows else None
+            except ValueError:
+                machine = None
+            self._memo.update(fit_at=len(done), machine=machine, predictions={})
+        out: Machine | None = self._memo["machine"]
+        return out
+
+    def calibrated_speedup(self, p: PlanPoint) -> float:
+        """The calibrated model's speedup of a plan (the raw model's while none can be fitted), cached
+        with the calibration: what the sampler scores and the pruning rule compares."""
+        machine = self.calibrated()
+        cache: dict[PlanPoint, float] = self._memo.setdefault("predictions", {})
+        if p not in cache:
+            cache[p] = simulate(self.profile, p.cuts, p.chunks, self.schedule, machine=machine).speedup
+        return cache[p]
 
     def predictor(self) -> Callable[[PlanPoint], float]:
-        """The calibrated model's speedup of a plan, cached until a new trial is measured (the calibration
-        changes only then): what the sampler scores proposals with."""
-        state: dict[str, Any] = {"n": -1, "machine": None, "cache": {}}
-
-        def predict(p: PlanPoint) -> float:
-            n = len(measured_trials(self.study))
-            if n != state["n"]:
-                machine = self.calibrated()
-                if machine != state["machine"]:
-                    state.update(machine=machine, cache={})
-                state["n"] = n
-            cache: dict[PlanPoint, float] = state["cache"]
-            if p not in cache:
-                cache[p] = simulate(self.profile, p.cuts, p.chunks, self.schedule, machine=state["machine"]).speedup
-            return cache[p]
-
-        return predict
+        return self.calibrated_speedup
 
     def best_measured(self) -> optuna.trial.FrozenTrial | None:
         ok = [t for t in measured_trials(self.study) if t.state == optuna.trial.TrialState.COMPLETE]
@@ -160,8 +161,7 @@ class Objective:
                 trial.set_user_attr("predicted_ceiling", prediction.ceiling)
             machine = ctx.calibrated()
             if machine is not None:
-                trial.set_user_attr("calibrated_speedup", simulate(ctx.profile, point.cuts, point.chunks,
-                                                                   ctx.schedule, machine=machine).speedup)
+                trial.set_user_attr("calibrated_speedup", ctx.calibrated_speedup(point))
             trial.set_user_attr("stage_blocks", ctx.space.stage_blocks(point))
         trial.set_user_attr("split_points", [p.fqn if p.kind == "BEGINNING" else f"{p.fqn}:END"
                                              for p in plan.split_points])
@@ -268,9 +268,8 @@ class Objective:
                     past = ctx.space.decode(t.params)
                 except ValueError:
                     continue
-                done.append((float(t.value or 0.0), simulate(ctx.profile, past.cuts, past.chunks, ctx.schedule,
-                                                             machine=machine).speedup))
-        predicted = simulate(ctx.profile, point.cuts, point.chunks, ctx.schedule, machine=machine).speedup
+                done.append((float(t.value or 0.0), ctx.calibrated_speedup(past)))
+        predicted = ctx.calibrated_speedup(point)  # the raw model's while no calibration is fitted
         why = prune_reason(predicted, done)
         if why:
             trial.set_user_attr("pruned_by", why + (" (calibrated)" if machine is not None else ""))
