@@ -1,10 +1,19 @@
-"""Per-trial overhead of the persistent pool vs a fresh process spawn per trial (DeiT-S, batch 32, 2 stages).
+"""What a trial costs besides its timed repeats, and what the persistent pool saves over a fresh spawn.
 
-Overhead is the driver's time for a trial minus the trial's own work (the slowest rank's time from
-receiving the plan to answering: build, output check, warm-up, timed repeats). For a fresh spawn it also
-counts starting the processes (interpreter, torch import, process group) and shutting them down.
+Two figures (DeiT-S, batch 32, 2 stages x 1 thread by default):
 
-    python benchmarks/trial_overhead.py [--trials 3] [--model deit_small_patch16_224]
+1. **Fixed cost of a search trial**: everything but the timed repeats (build, output check, warm-up, the
+   driver), as a share of the trial's wall time, from each trial's ``TrialResult.breakdown``. A search
+   trial times 2 repeats of serial | pipeline (no serial on all threads). "before" builds every stage with
+   a fresh trace and runs the batch once more for the output check (pipesplit until issue 18); "after"
+   builds from the worker's cached export and checks the first timed repeat's output. Each trial cuts at
+   a different block (a search rarely measures a plan twice), the two modes interleaved. It also checks
+   that a fresh stage's first timed repeat is not slower than its second when no check runs first (the
+   ratio first / second over the "after" trials).
+2. **Driver overhead**: the driver's time outside the ranks' own work, pooled vs a fresh process spawn
+   per trial (``--spawn``; the spawn figure includes starting the processes and the process group).
+
+    python benchmarks/trial_overhead.py [--chunks 4 16] [--cuts blocks.4 blocks.5 ...] [--spawn]
 """
 
 from __future__ import annotations
@@ -15,55 +24,99 @@ import sys
 import time
 
 from pipeline.core.plan import SplitPlan, SplitPoint
+from pipeline.core.result import TrialResult
 from pipeline.models import resolve_spec
 from pipeline.pool import StagePool
+
+MODES = {"before": {"cached_trace": False, "check_first_repeat": False},
+         "after": {"cached_trace": True, "check_first_repeat": True}}
+
+
+def _parts(rows: list[TrialResult]) -> str:
+    bs = [r.breakdown for r in rows if r.breakdown is not None]
+
+    def med(name: str) -> float:
+        return float(statistics.median(getattr(b, name) for b in bs))
+
+    share = statistics.median(b.fixed_s / b.total_s for b in bs)
+    return (f"fixed cost {share:5.1%} of the trial (min {min(b.fixed_s / b.total_s for b in bs):.1%}, "
+            f"max {max(b.fixed_s / b.total_s for b in bs):.1%}); medians: trial {med('total_s'):.2f}s = build "
+            f"{med('build_s'):.2f}s + check {med('check_s'):.2f}s + warm-up {med('warmup_s'):.2f}s + timed "
+            f"{med('timed_s'):.2f}s + other {med('other_s'):.2f}s + driver {med('driver_s'):.3f}s")
+
+
+def fixed_cost(pool: StagePool, spec: object, cuts: list[str], chunks: list[int], repeats: int) -> None:
+    rows: dict[tuple[str, int], list[TrialResult]] = {(m, c): [] for m in MODES for c in chunks}
+    firsts: list[float] = []
+    for c in chunks:
+        for k, cut in enumerate(cuts):
+            order = list(MODES) if k % 2 == 0 else list(reversed(MODES))
+            for mode in order:
+                plan = SplitPlan(model=spec, split_points=(SplitPoint(cut),), chunks=c,  # type: ignore[arg-type]
+                                 threads_per_stage=1)
+                r = pool.run(plan, repeats=repeats, warmup=0, serial_all=False, **MODES[mode])  # type: ignore[arg-type]
+                if not r.ok:
+                    raise SystemExit(f"trial failed: {r.reason}")
+                rows[(mode, c)].append(r)
+                if mode == "after" and len(r.pipeline_s) >= 2:
+                    firsts.append(r.pipeline_s[0] / r.pipeline_s[1])
+                print(f"  {mode:>6} chunks {c:2d} cut {cut:<9} {r.speedup:.2f}x  {r.breakdown.describe() if r.breakdown else ''}",
+                      flush=True)
+    for (mode, c), rs in rows.items():
+        print(f"{mode:>6}, chunks {c:2d}, {len(rs)} trials: {_parts(rs)}")
+    if firsts:
+        print(f"first / second timed pipeline repeat with the check on the first ('after'): median "
+              f"{statistics.median(firsts):.3f} (min {min(firsts):.3f}, max {max(firsts):.3f}, n={len(firsts)})")
+
+
+def spawn_overhead(spec: object, cut: str, chunks: int, trials: int, repeats: int) -> None:
+    plan = SplitPlan(model=spec, split_points=(SplitPoint(cut),), chunks=chunks,  # type: ignore[arg-type]
+                     threads_per_stage=1)
+    kw = {"repeats": repeats, "warmup": 0, "serial_all": False}
+    pooled, fresh = [], []
+    with StagePool(2, threads_per_stage=1) as pool:
+        for _ in range(trials):
+            r = pool.run(plan, **kw)  # type: ignore[arg-type]
+            pooled.append((r.wall_s, r.wall_s - r.busy_s))
+    for _ in range(trials):
+        t = time.perf_counter()
+        with StagePool(2, threads_per_stage=1) as pool:
+            r = pool.run(plan, **kw)  # type: ignore[arg-type]
+        wall = time.perf_counter() - t
+        fresh.append((wall, wall - r.busy_s))
+    for name, rows in (("pool", pooled), ("fresh spawn", fresh)):
+        over = [o for _, o in rows]
+        print(f"driver overhead, {name:>11}: median {statistics.median(over):7.3f}s = "
+              f"{statistics.median(o / w for w, o in rows):6.2%} of the trial (min {min(over):.3f}, max {max(over):.3f})")
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="deit_small_patch16_224")
+    p.add_argument("--model-kwargs", default=None, help="JSON kwargs for the model (a tiny model, say)")
     p.add_argument("--batch-size", type=int, default=32)
-    p.add_argument("--split-point", default="blocks.6")
-    p.add_argument("--chunks", type=int, default=4)
-    p.add_argument("--trials", type=int, default=3)
-    p.add_argument("--repeats", type=int, default=2)
+    p.add_argument("--chunks", type=int, nargs="+", default=[4, 16])
+    p.add_argument("--cuts", nargs="+", default=["blocks.4", "blocks.5", "blocks.6", "blocks.7", "blocks.8"])
+    p.add_argument("--repeats", type=int, default=2, help="timed repeats per trial (a search trial's base: 2)")
+    p.add_argument("--spawn", action="store_true", help="also the pooled vs fresh-spawn driver overhead")
+    p.add_argument("--spawn-trials", type=int, default=3)
     args = p.parse_args(argv)
-    spec = resolve_spec(args.model, batch_size=args.batch_size)
-    plan = SplitPlan(model=spec, split_points=(SplitPoint(args.split_point),), chunks=args.chunks,
-                     threads_per_stage=1)
-    kw = {"repeats": args.repeats, "warmup": 1, "serial_all": False}
+    import json
 
-    pooled = []
-    t = time.perf_counter()
+    spec = resolve_spec(args.model, batch_size=args.batch_size,
+                        kwargs=json.loads(args.model_kwargs) if args.model_kwargs else None)
+    print(f"{args.model} batch {args.batch_size}, 2 stages x 1 thread, cuts {' '.join(args.cuts)}, chunks "
+          f"{' '.join(map(str, args.chunks))}, {args.repeats} timed repeats per trial")
     with StagePool(2, threads_per_stage=1) as pool:
-        start = pool.start_s
-        for _ in range(args.trials):
-            r = pool.run(plan, **kw)
-            assert r.ok, r.reason
-            pooled.append((r.wall_s, r.busy_s, r.speedup))
-    pooled_total = time.perf_counter() - t
-
-    fresh = []
-    for _ in range(args.trials):
         t = time.perf_counter()
-        with StagePool(2, threads_per_stage=1) as pool:
-            r = pool.run(plan, **kw)
-            assert r.ok, r.reason
-        fresh.append((time.perf_counter() - t, r.busy_s, r.speedup))
-
-    def report(name: str, rows: list[tuple[float, float, float]]) -> None:
-        over = [w - b for w, b, _ in rows]
-        share = [o / w for o, (w, _, _) in zip(over, rows)]
-        print(f"{name:>12}: trial {statistics.median([w for w, _, _ in rows]):6.2f}s  "
-              f"overhead median {statistics.median(over):7.3f}s (min {min(over):.3f}, max {max(over):.3f})  "
-              f"= {100 * statistics.median(share):5.2f}% of the trial  "
-              f"speedups {', '.join(f'{s:.2f}' for _, _, s in rows)}")
-
-    print(f"{args.model} batch {args.batch_size}, 2 stages x 1 thread, cut {args.split_point}, chunks {args.chunks}, "
-          f"{args.trials} trials each, {args.repeats} timed repeats per trial")
-    print(f"pool start-up (once): {start:.2f}s; all pooled trials incl. start-up: {pooled_total:.1f}s")
-    report("pool", pooled)
-    report("fresh spawn", fresh)
+        warm = SplitPlan(model=spec, split_points=(SplitPoint(args.cuts[0]),), chunks=args.chunks[0],
+                         threads_per_stage=1)
+        r = pool.run(warm, repeats=1, warmup=0, serial_all=False)  # the model, its reference output, warm serial
+        print(f"pool start-up {pool.start_s:.1f}s; first trial (model build, reference, serial warm-up, the "
+              f"first export) {time.perf_counter() - t:.1f}s: {r.breakdown.describe() if r.breakdown else r.reason}")
+        fixed_cost(pool, spec, args.cuts, args.chunks, args.repeats)
+    if args.spawn:
+        spawn_overhead(spec, args.cuts[0], args.chunks[0], args.spawn_trials, args.repeats)
     return 0
 
 

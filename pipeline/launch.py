@@ -112,10 +112,11 @@ class RankPool:
 
     def run(self, plan: SplitPlan, *, repeats: int = 3, warmup: int = 1, timeout_s: float = 900.0,
             serial_all: bool = True, serial: bool = True, trace_dir: str | None = None, keep: bool = False,
-            resume: bool = False) -> TrialResult:
+            resume: bool = False, check_first_repeat: bool = False, cached_trace: bool = True) -> TrialResult:
         """One real trial on the torchrun ranks (``timeout_s`` is the process group's own timeout here)."""
         opts = TrialOptions(repeats=repeats, warmup=warmup, serial_all=serial_all, serial=serial, trace_dir=trace_dir,
-                            keep=keep, resume=resume)
+                            keep=keep, resume=resume, check_first_repeat=check_first_repeat,
+                            cached_trace=cached_trace)
         check_trial_args(plan, self.stages, self.device, opts)
         t = time.perf_counter()
         replies = self._round(RunTrial(plan=plan, options=opts))

@@ -26,6 +26,13 @@ class TrialOptions:
     """Time the serial model on all the pipeline's threads too (CPU only)."""
     trace_dir: str | None = None
     """Run once more under torch.profiler and write a chrome trace per rank here."""
+    check_first_repeat: bool = False
+    """Check the output of the first timed repeat instead of running the batch once more for the check
+    (a fresh stage's first run is not slower than the next ones when its model is warm in the worker:
+    ``benchmarks/trial_overhead.py`` measures it); the search's trials do this."""
+    cached_trace: bool = True
+    """Build torch-backend stages from the worker's cached export of the model (``pipeline.traces``);
+    False traces the model afresh for this plan."""
     keep: bool = False
     """Keep the built stage on every rank afterwards, so that a ``resume`` trial of the same plan can add repeats."""
     resume: bool = False
@@ -82,6 +89,8 @@ class TrialReply:
     busy_s: float
     """From receiving the plan to answering: the trial's own work on this rank."""
     trace: str | None = None
+    phases: tuple[float, float, float, float] = (0.0, 0.0, 0.0, 0.0)
+    """Seconds this rank spent to build (until every rank had built), check, warm up and time."""
 
 
 @dataclass(frozen=True, kw_only=True)

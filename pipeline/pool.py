@@ -136,10 +136,11 @@ class StagePool:
 
     def run(self, plan: SplitPlan, *, repeats: int = 3, warmup: int = 1, timeout_s: float = 900.0,
             serial_all: bool = True, serial: bool = True, trace_dir: str | None = None, keep: bool = False,
-            resume: bool = False) -> TrialResult:
+            resume: bool = False, check_first_repeat: bool = False, cached_trace: bool = True) -> TrialResult:
         """Run one real trial of ``plan``; a failure (bad build, wrong output, dead or hung rank) is a failed result."""
         opts = TrialOptions(repeats=repeats, warmup=warmup, serial_all=serial_all, serial=serial, trace_dir=trace_dir,
-                            keep=keep, resume=resume)
+                            keep=keep, resume=resume, check_first_repeat=check_first_repeat,
+                            cached_trace=cached_trace)
         check_trial_args(plan, self.stages, self.device, opts)
         if not self._procs:
             self.start()

@@ -11,7 +11,7 @@ from typing import Any, Protocol
 
 from pipeline.core.errors import PipesplitError
 from pipeline.core.plan import SplitPlan
-from pipeline.core.result import TrialResult, median
+from pipeline.core.result import Breakdown, TrialResult, median
 from pipeline.core.spec import ModelSpec
 from pipeline.messages import ErrorReply, LinkReply, Lost, Reply, SegmentReply, TrialOptions, TrialReply
 
@@ -34,7 +34,7 @@ class Pool(Protocol):
 
     def run(self, plan: SplitPlan, *, repeats: int = 3, warmup: int = 1, timeout_s: float = 900.0,
             serial_all: bool = True, serial: bool = True, trace_dir: str | None = None, keep: bool = False,
-            resume: bool = False) -> TrialResult: ...
+            resume: bool = False, check_first_repeat: bool = False, cached_trace: bool = True) -> TrialResult: ...
 
     def measure_link(self, sizes: list[int], repeats: int = 5, timeout_s: float = 300.0) -> list[tuple[int, float]]:
         ...
@@ -86,9 +86,15 @@ def result_from_replies(plan: SplitPlan, replies: Sequence[Reply], wall: float) 
     ranks = [r for r in replies if isinstance(r, TrialReply)]
     if len(ranks) != len(replies):
         raise PipesplitError(f"a rank answered a trial with {type(replies[0]).__name__}: the pool is out of step")
+    slowest = max(ranks, key=lambda d: d.busy_s)
+    build, check, warm, timed = slowest.phases
+    breakdown = Breakdown(build_s=build, check_s=check, warmup_s=warm, timed_s=timed,
+                          other_s=max(0.0, slowest.busy_s - build - check - warm - timed),
+                          driver_s=max(0.0, wall - slowest.busy_s))
     return TrialResult(
         plan=plan,
         ok=True,
+        breakdown=breakdown,
         serial_s=ranks[0].serial_s,
         serial_all_s=ranks[0].serial_all_s,
         pipeline_s=ranks[0].pipeline_s,

@@ -19,6 +19,7 @@ from torch import nn
 from pipeline.core.spec import ModelSpec
 from pipeline.instrument import CommClock, Peak, hook_torch_p2p
 from pipeline.models import build_model
+from pipeline.traces import TraceCache
 
 __all__ = ["RankState", "WorkerConfig", "gpu_index", "join_group", "one_line"]
 
@@ -58,6 +59,8 @@ class RankState:
         self.models: dict[str, nn.Module] = {}
         self.refs: dict[str, torch.Tensor] = {}
         self.warm: set[tuple[str, int]] = set()
+        self.traces = TraceCache()
+        """The model's exports, reused to build torch-backend stages (``pipeline.traces``)."""
         self.peak = Peak(self.device)
         self.comm: CommClock | None = None
         self.kept: tuple[str, Any, float, float, int] | None = None
@@ -75,6 +78,7 @@ class RankState:
             self.kept = None
             self.refs.clear()
             self.warm.clear()
+            self.traces = TraceCache()
             self.models[spec.key] = build_model(spec).to(self.device)
         return self.models[spec.key]
 

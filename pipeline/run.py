@@ -166,8 +166,10 @@ def format_result(result: TrialResult) -> str:
     for r, (c, w) in enumerate(zip(result.stage_compute_s, result.stage_comm_s)):
         sent = f"{result.boundary_bytes[r] / 2**20:9.2f}" if r < len(result.boundary_bytes) else "        -"
         lines.append(f"{r:5d}  {c:9.3f}  {w:11.3f}  {result.peak_mem_bytes[r] / 2**20:12.0f}  {sent}")
-    lines.append(f"output check: max |diff| {result.max_abs_diff:.2e} <= {result.tolerance:.1e}; "
-                 f"build {result.build_s:.1f}s; trial {result.wall_s:.1f}s of which overhead {result.overhead_s:.3f}s")
+    lines.append(f"output check: max |diff| {result.max_abs_diff:.2e} <= {result.tolerance:.1e}")
+    if result.breakdown is not None:
+        b = result.breakdown
+        lines.append(f"trial {result.wall_s:.1f}s: {b.describe()}; fixed cost {b.fixed_s / b.total_s:.0%}")
     return "\n".join(lines)
 
 

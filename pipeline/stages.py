@@ -12,6 +12,7 @@ import torch.distributed as dist
 from torch import nn
 
 from pipeline.core.plan import SplitPlan
+from pipeline.traces import TraceCache
 
 
 @dataclass
@@ -73,14 +74,16 @@ def use_codegen(module: nn.Module) -> None:
 
 
 def _build_torch(plan: SplitPlan, model: nn.Module, x: torch.Tensor, rank: int, device: torch.device,
-                 group: dist.ProcessGroup | None) -> BuiltStage:
+                 group: dist.ProcessGroup | None, traces: TraceCache | None = None) -> BuiltStage:
     from torch.distributed.pipelining import SplitPoint, pipeline
     from torch.distributed.pipelining.schedules import get_schedule_class
 
     spec = {fqn: getattr(SplitPoint, kind) for fqn, kind in plan.split_spec().items()}
     mb = x.chunk(plan.chunks)[0]
     # Trace with autograd on: tracing under no_grad breaks torch's unflatten on some versions.
-    pipe = pipeline(_fresh(model), mb_args=(mb,), split_spec=spec)
+    pipe = traces.pipe(plan.model.key, model, mb, plan.split_spec()) if traces is not None else None
+    if pipe is None:
+        pipe = pipeline(_fresh(model), mb_args=(mb,), split_spec=spec)
     if pipe.num_stages != plan.stages:
         raise RuntimeError(f"tracing produced {pipe.num_stages} stages, the plan has {plan.stages}")
     contiguous_receives(pipe.split_gm)
@@ -118,7 +121,9 @@ def _build_pippy(plan: SplitPlan, model: nn.Module, x: torch.Tensor, rank: int, 
 
 
 def build_stage(plan: SplitPlan, model: nn.Module, x: torch.Tensor, rank: int, device: torch.device,
-                group: dist.ProcessGroup | None = None) -> BuiltStage:
-    """Trace ``model`` (never modified) with the plan's cuts and keep this rank's stage."""
-    builder = _build_torch if plan.backend == "torch" else _build_pippy
-    return builder(plan, model, x, rank, device, group)
+                group: dist.ProcessGroup | None = None, traces: TraceCache | None = None) -> BuiltStage:
+    """Trace ``model`` (never modified) with the plan's cuts and keep this rank's stage; on the torch
+    backend, from the worker's cached export (``traces``) where it marks the plan's cuts."""
+    if plan.backend == "torch":
+        return _build_torch(plan, model, x, rank, device, group, traces)
+    return _build_pippy(plan, model, x, rank, device, group)

@@ -47,6 +47,12 @@ def _check_output(state: RankState, plan: SplitPlan, y: Any, model: Any, x: torc
     return float(diff), float(tol)
 
 
+def _mismatch(rank: int, diff: float, tol: float) -> ErrorReply:
+    return ErrorReply(rank=rank, max_abs_diff=diff, tolerance=tol,
+                      error=f"output check failed: pipeline output differs from the unsplit model by {diff:.3g} "
+                            f"(allowed {tol:.3g})")
+
+
 def _gather(state: RankState, flag: bool) -> list[bool]:
     """Every rank's ``flag``: a kept stage is reused only when every rank kept it."""
     flags: list[Any] = [None] * state.world
@@ -71,7 +77,8 @@ def run_trial(state: RankState, plan: SplitPlan, opts: TrialOptions) -> TrialRep
     try:
         model = state.model(plan.model)
         x = example_input(plan.model, state.device)
-        stage = kept[1] if kept is not None else build_stage(plan, model, x, rank, state.device)
+        stage = kept[1] if kept is not None else build_stage(plan, model, x, rank, state.device,
+                                                             traces=state.traces if opts.cached_trace else None)
     except Exception as e:  # noqa: BLE001 - reported as the trial's reason
         cuts = ", ".join(plan.split_spec())
         error = f"rank {rank} could not build its stage for cuts [{cuts}]: {one_line(e)}"
@@ -79,7 +86,9 @@ def run_trial(state: RankState, plan: SplitPlan, opts: TrialOptions) -> TrialRep
     dist.all_gather_object(errors, error)
     if any(errors) or stage is None:
         return ErrorReply(rank=rank, error=next((e for e in errors if e), "no stage was built"))
-    build_s = time.perf_counter() - t_recv
+    t_built = time.perf_counter()
+    build_s = t_built - t_recv
+    t_checked = t_warm = t_timed = t_built
     clock = ComputeClock(stage.module, state.device)
     comm = CommClock(clock.now)
     if plan.backend == "pippy" and stage.runtime is not None:
@@ -97,19 +106,20 @@ def run_trial(state: RankState, plan: SplitPlan, opts: TrialOptions) -> TrialRep
     comm_events: list[CommSpan] = []
     t0_abs = float("nan")
     trace = None
+    checked = kept is not None  # the output check passed when a kept stage was built, in the trial that kept it
+    diff, tol, out_bytes = (kept[2], kept[3], kept[4]) if kept is not None else (float("nan"), float("nan"), 0)
+    check_in_loop = 0.0
     try:
         with torch.no_grad():
-            if kept is not None:  # the output check passed when this stage was built, in the trial that kept it
-                diff, tol, out_bytes = kept[2], kept[3], kept[4]
-            else:
+            if not checked and not opts.check_first_repeat:
                 y = stage.step(x if rank == 0 else None)
                 state.sync()
                 out_bytes = 0 if last else clock.out_bytes
                 diff, tol = _check_output(state, plan, y, model, x)
+                checked = True
                 if not diff <= tol:
-                    return ErrorReply(rank=rank, max_abs_diff=diff, tolerance=tol,
-                                      error=f"output check failed: pipeline output differs from the unsplit model "
-                                            f"by {diff:.3g} (allowed {tol:.3g})")
+                    return _mismatch(rank, diff, tol)
+            t_checked = time.perf_counter()
             for _ in range(opts.warmup):
                 _pipeline_once(state, stage, x, clock)
             # the serial model stays warm in this worker: warm it up once per model and thread count
@@ -119,16 +129,26 @@ def run_trial(state: RankState, plan: SplitPlan, opts: TrialOptions) -> TrialRep
             if opts.serial_all and serial_threads and (plan.model.key, serial_threads) not in state.warm:
                 state.serial(model, x, serial_threads)
                 state.warm.add((plan.model.key, serial_threads))
+            t_warm = time.perf_counter()
             for _ in range(opts.repeats):
                 if opts.serial:
                     serial.append(state.serial(model, x, None))
-                wall, busy, events, comm_events, t0_abs = _pipeline_once(state, stage, x, clock, comm)
+                wall, busy, events, comm_events, t0_abs, y = _pipeline_once(state, stage, x, clock, comm)
                 pipe.append(wall)
                 c = sum(b - a for _, a, b in events)
                 compute.append(c)
                 waits.append(max(0.0, busy - c))
+                if not checked:  # the first timed repeat's output is the one checked
+                    t_c = time.perf_counter()
+                    out_bytes = 0 if last else clock.out_bytes
+                    diff, tol = _check_output(state, plan, y, model, x)
+                    checked = True
+                    check_in_loop += time.perf_counter() - t_c
+                    if not diff <= tol:
+                        return _mismatch(rank, diff, tol)
                 if opts.serial_all and serial_threads:
                     serial_all.append(state.serial(model, x, serial_threads))
+            t_timed = time.perf_counter()
             if opts.trace_dir:
                 trace = _trace(state, stage, x, clock, comm, opts.trace_dir)
             if opts.keep:
@@ -140,7 +160,9 @@ def run_trial(state: RankState, plan: SplitPlan, opts: TrialOptions) -> TrialRep
                       serial_s=tuple(serial), serial_all_s=tuple(serial_all), pipeline_s=tuple(pipe),
                       compute_s=tuple(compute), comm_s=tuple(waits), events=tuple(events),
                       comm_events=tuple(comm_events), t0=t0_abs, host=socket.gethostname(),
-                      peak_mem_bytes=state.peak.read(), busy_s=time.perf_counter() - t_recv, trace=trace)
+                      peak_mem_bytes=state.peak.read(), busy_s=time.perf_counter() - t_recv, trace=trace,
+                      phases=(build_s, t_checked - t_built + check_in_loop, t_warm - t_checked,
+                              t_timed - t_warm - check_in_loop))
 
 
 def _trace(state: RankState, stage: BuiltStage, x: torch.Tensor, clock: ComputeClock, comm: CommClock,
@@ -158,9 +180,9 @@ def _trace(state: RankState, stage: BuiltStage, x: torch.Tensor, clock: ComputeC
 
 
 def _pipeline_once(state: RankState, stage: BuiltStage, x: torch.Tensor, clock: ComputeClock,
-                   comm: CommClock | None = None) -> tuple[float, float, list[Span], list[CommSpan], float]:
+                   comm: CommClock | None = None) -> tuple[float, float, list[Span], list[CommSpan], float, Any]:
     """One whole batch through the pipeline: (wall time to the last rank's end, own busy time, compute
-    spans, send/recv spans, the run's start on this host's monotonic clock)."""
+    spans, send/recv spans, the run's start on this host's monotonic clock, the output on the last rank)."""
     clock.reset()
     if comm is not None:
         comm.reset()
@@ -171,11 +193,11 @@ def _pipeline_once(state: RankState, stage: BuiltStage, x: torch.Tensor, clock: 
         t0_event = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
         t0_event.record()
     t0 = time.perf_counter()
-    stage.step(x if state.rank == 0 else None)
+    y = stage.step(x if state.rank == 0 else None)
     state.sync()
     busy = time.perf_counter() - t0
     dist.barrier()
     wall = time.perf_counter() - t0
     base: Any = t0_event if t0_event is not None else t0
     comm_spans = comm.resolve(base, t0_event is not None) if comm is not None else []
-    return wall, busy, clock.resolve(base), comm_spans, t0
+    return wall, busy, clock.resolve(base), comm_spans, t0, y

@@ -15,7 +15,7 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 __all__ = ["MEASURED", "SAMPLER", "claims", "fail_stale", "is_seed", "measured_trials", "others_running",
-           "repeats_spent", "skip_reason", "worker_id"]
+           "repeats_spent", "skip_reason", "timed_share", "worker_id"]
 
 MEASURED = "measured"
 SAMPLER = "sampler"
@@ -54,6 +54,14 @@ def measured_trials(study: optuna.Study) -> list[FrozenTrial]:
 def repeats_spent(study: optuna.Study) -> int:
     """Timed pipeline repeats over the study's measured trials (what ``--budget-repeats`` counts)."""
     return sum(int(t.user_attrs.get("repeats", 0)) for t in measured_trials(study))
+
+
+def timed_share(study: optuna.Study) -> float | None:
+    """The share of the measured trials' wall time spent in timed repeats (the rest is each trial's fixed
+    cost: build, output check, warm-up, the driver), or None before any trial has a breakdown."""
+    parts = [t.user_attrs["breakdown"] for t in measured_trials(study) if isinstance(t.user_attrs.get("breakdown"), dict)]
+    total = sum(sum(float(v) for v in b.values()) for b in parts)
+    return sum(float(b.get("timed_s", 0.0)) for b in parts) / total if total > 0 else None
 
 
 def _running_claims(study: optuna.Study) -> list[FrozenTrial]:

@@ -12,7 +12,7 @@ from pipeline.core.atomic import write_json, write_text, write_with
 from pipeline.core.plan import SplitPlan
 from pipeline.export import provenance
 from search.confirm import Confirmation
-from search.coordination import MEASURED, SAMPLER, is_seed
+from search.coordination import MEASURED, SAMPLER, is_seed, timed_share
 from search.objective import SearchContext
 
 
@@ -95,6 +95,10 @@ def export(study: optuna.Study, ctx: SearchContext, outdir: Path, *, confirmatio
     rows = summary_rows(study, confirmation)
     table = summary_table(rows)
     budget = budget_line(trial_counts(study), asked, ctx.budget_repeats)
+    share = timed_share(study)
+    if share is not None:
+        budget += (f" The measured trials spent {share:.0%} of their wall time in timed repeats (the rest: building "
+                   "stages, output checks, warm-up, the driver).")
     ceiling = study.user_attrs.get("ceiling")
     if ceiling:
         stages = (study.user_attrs.get("config") or {}).get("stages", "?")

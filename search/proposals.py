@@ -1,12 +1,19 @@
 """The search's proposal rule, pure: which unmeasured plan to measure next.
 
-A model-guided local search. Each measured plan tells how far the cost model is off *near it* (its
-measured / predicted speedup); a neighbour of one of the best measured plans is scored by the model's
-prediction times that local ratio (shrunk towards the study's median ratio by ``k / (k + SHRINK)`` for
-an anchor measured k times: one noisy repeat says little), the cost model's next-best plans (a
-best-first walk of its ranking) by the median ratio, and the best-scored plan not yet tried is
-proposed. With probability ``explore`` (2 %) a random neighbour (or, a quarter of those times, a uniformly
-random plan) is proposed instead, so that a region the model misjudges is still visited.
+The calibrated cost model's ranking, best first: the best-scored plan not yet tried among the model's
+next-best plans (a best-first walk of its ranking; the model is refitted to every measured trial's
+timeline, so the ranking learns from the measurements); with probability ``explore`` (2 %) a random
+one of those candidates instead (or, a quarter of those times, a uniformly random plan), so that a
+region the model misjudges is still visited.
+
+A local search is available (``anchors`` > 0): neighbours of the best measured plans, each scored by the
+model's prediction times how far the model was off *near* it (the anchor's measured / predicted speedup,
+shrunk towards the study's median ratio by ``k / (k + SHRINK)`` after k repeats). It is off by default:
+on the simulated benchmark it cost more trials than it saved (8 stages x layer, 9 searches: 74 measured
+trials at the median to reach 97 % of the true best with 3 anchors, 45 with anchors measured 4+ times
+only, 27 without; 4 x layer 67 vs 51; 4 x block and 8 x block alike), because the luckiest measured
+plans' neighbourhoods soak up the proposals while the model rates them no better.
+
 Every proposal is a valid plan (``search.space``) and none repeats a plan already tried, until the
 space is exhausted (then None).
 
@@ -26,12 +33,12 @@ from search.space import PlanPoint, PlanSpace
 
 __all__ = ["ANCHORS", "EXPLORE", "Measured", "propose"]
 
-ANCHORS = 3  # measured plans whose neighbourhoods are searched
+ANCHORS = 0  # measured plans whose neighbourhoods are searched (the local search: off, see above)
 EXPLORE = 0.02  # share of proposals that explore instead of taking the best-scored plan
 SHRINK = 30.0  # repeats at which a plan's own measured/predicted ratio weighs as much as the study's median
-# (EXPLORE 0.1 / SHRINK 3 spent 115 repeats at the median to reach 97 % of the best on 4 x block in the
-# simulated benchmark, 0.05 / 10 spent 67, 0.02 / 30 spent 60: on this machine one repeat's noise, ~5 %,
-# is larger than the model's error near a plan, so a plan's own ratio earns weight slowly)
+# (with the local search on, EXPLORE 0.1 / SHRINK 3 spent 115 repeats at the median to reach 97 % of the
+# best on 4 x block in the simulated benchmark, 0.05 / 10 spent 67, 0.02 / 30 spent 60: on this machine
+# one repeat's noise, ~5 %, is larger than the model's error near a plan)
 RANDOM_TRIES = 2000  # random draws before a nearly exhausted space is enumerated
 
 

@@ -13,7 +13,7 @@ import time
 
 import optuna
 
-from search.coordination import claims, fail_stale, is_seed, measured_trials, repeats_spent
+from search.coordination import claims, fail_stale, is_seed, measured_trials, repeats_spent, timed_share
 from search.objective import Objective, SearchContext, TrialFailed
 from search.seeds import seeds
 
@@ -106,8 +106,9 @@ def run_loop(ctx: SearchContext, trials: int, *, timeout: float | None = None, s
             last = next(t for t in reversed(study.trials) if t.state.is_finished())
             if last.state == optuna.trial.TrialState.FAIL and last.user_attrs.get("fail_reason"):
                 bar.write(f"trial {last.number} failed: {last.user_attrs['fail_reason']}")
-            bar.set_postfix_str((f"best {best.value:.2f}x" if best else "best -") + f", {repeats_spent(study)} repeats",
-                                refresh=False)
+            share = timed_share(study)
+            bar.set_postfix_str((f"best {best.value:.2f}x" if best else "best -") + f", {repeats_spent(study)} repeats"
+                                + (f", {share:.0%} of trial time timing" if share is not None else ""), refresh=False)
             bar.set_description(f"trials (last: {last.user_attrs.get('source', '?')} {last.state.name.lower()})")
     finally:
         bar.close()

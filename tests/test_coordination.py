@@ -38,6 +38,9 @@ def check_study(storage):
     assert len(set(keys)) == len(keys), "a plan was measured twice"
     assert len({t.user_attrs["worker"] for t in measured}) == 2, "both workers should have measured trials"
     assert not [t for t in study.trials if t.state == optuna.trial.TrialState.RUNNING]
+    from search.coordination import timed_share
+
+    assert 0 < (timed_share(study) or 0) < 1
 
 
 @pytest.mark.slow
@@ -146,3 +149,19 @@ def test_raced_out_trials_count_as_measured_and_their_repeats_are_spent(state):
     assert len(measured_trials(study)) == (0 if state == "pruned" else 1)
     assert repeats_spent(study) == (0 if state == "pruned" else 3)
     assert not is_seed(study.trials[0])
+
+
+def test_the_share_of_time_spent_timing_sums_the_measured_trials_breakdowns():
+    from search.coordination import MEASURED, timed_share
+
+    study = optuna.create_study(direction="maximize")
+    assert timed_share(study) is None
+    for timed, fixed in ((6.0, 4.0), (9.0, 1.0)):
+        t = study.ask()
+        t.set_user_attr(MEASURED, True)
+        t.set_user_attr("breakdown", {"build_s": fixed, "check_s": 0.0, "warmup_s": 0.0, "timed_s": timed,
+                                      "other_s": 0.0, "driver_s": 0.0})
+        study.tell(t, 1.0)
+    t = study.ask()  # pruned by the cost model: no run, no breakdown, not counted
+    study.tell(t, state=optuna.trial.TrialState.PRUNED)
+    assert timed_share(study) == pytest.approx(15.0 / 20.0)

@@ -34,6 +34,10 @@ def test_two_stage_trial_matches_unsplit_model(pool2, tiny_spec, backend):
         assert [mb for mb, _, _ in spans] == [0, 1, 2, 3]
         assert all(a < b <= c for (_, a, b), (_, c, _) in zip(spans, spans[1:]))
     assert r.overhead_s < 0.5 * r.wall_s
+    # the breakdown explains the trial: its named parts are the wall time, to within 5 %
+    b = r.breakdown
+    assert b is not None and min(b.build_s, b.check_s, b.warmup_s, b.timed_s) > 0
+    assert abs(b.total_s - r.wall_s) <= 0.05 * r.wall_s and b.other_s + b.driver_s <= 0.05 * r.wall_s
 
 
 def test_cut_inside_a_residual_block_sends_two_tensors(pool2, tiny_spec):

@@ -36,7 +36,7 @@ def test_an_exhausted_space_proposes_nothing():
         PlanPoint(cuts=(2,), chunks=1)
 
 
-def test_the_local_search_corrects_a_biased_model():
+def test_the_local_search_when_asked_corrects_a_biased_model():
     sp = PlanSpace(names=tuple(f"m{i}" for i in range(30)), stages=3, chunks=(4,))
     weight = [2.0] * 10 + [1.0] * 20  # the model thinks every segment costs the same; the first ten cost twice
 
@@ -51,7 +51,7 @@ def test_the_local_search_corrects_a_biased_model():
     rng = random.Random(1)
     seen, measured = {start}, [Measured(point=start, speedup=truth(start))]
     for _ in range(40):
-        p = propose(sp, measured, seen, model, [start], rng)
+        p = propose(sp, measured, seen, model, [start], rng, anchors=3)
         seen.add(p)
         measured.append(Measured(point=p, speedup=truth(p)))
     assert max(m.speedup for m in measured) >= 0.97 * best_true

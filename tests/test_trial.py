@@ -34,3 +34,23 @@ def test_a_kept_stage_takes_more_repeats_without_building_again(pool2, tiny_spec
     other = SplitPlan(model=tiny_spec, split_points=(SplitPoint("blocks.1"),), chunks=2, backend=backend)
     fresh = pool2.run(other, repeats=1, warmup=0, serial_all=False, resume=True)  # nothing kept for it: built
     assert fresh.ok and fresh.build_s > more.build_s
+
+
+@pytest.mark.parametrize("backend", ["torch", "pippy"])
+def test_the_first_timed_repeat_can_be_the_checked_run(pool2, tiny_spec, backend):
+    plan = SplitPlan(model=tiny_spec, split_points=(SplitPoint("blocks.1"),), chunks=2, backend=backend)
+    apart = pool2.run(plan, repeats=2, warmup=0, serial_all=False)
+    first = pool2.run(plan, repeats=2, warmup=0, serial_all=False, check_first_repeat=True)
+    assert apart.ok and first.ok, (apart.reason, first.reason)
+    assert first.max_abs_diff <= first.tolerance and len(first.pipeline_s) == 2
+    assert first.boundary_bytes == apart.boundary_bytes
+    # the separate check runs the batch once more; on the first repeat it only compares
+    assert first.breakdown.check_s < apart.breakdown.check_s
+
+
+def test_a_stage_from_the_cached_export_or_a_fresh_trace_gives_the_same_output(pool2, tiny_spec):
+    plan = SplitPlan(model=tiny_spec, split_points=(SplitPoint("blocks.2.attn"),), chunks=2)
+    cached = pool2.run(plan, repeats=1, warmup=0, serial_all=False)
+    fresh = pool2.run(plan, repeats=1, warmup=0, serial_all=False, cached_trace=False)
+    assert cached.ok and fresh.ok, (cached.reason, fresh.reason)
+    assert cached.max_abs_diff == fresh.max_abs_diff <= cached.tolerance

@@ -20,6 +20,49 @@ def median(xs: list[float] | tuple[float, ...]) -> float:
 
 
 @dataclass(frozen=True, kw_only=True)
+class Breakdown:
+    """Where a trial's wall time went, in seconds: the slowest rank's phases, then the driver's own time.
+
+    The parts add up to the trial's wall time; everything but ``timed_s`` is the trial's fixed cost.
+    """
+
+    build_s: float = 0.0
+    """Trace the model and build the stage, until every rank has built (0 when a race step resumes)."""
+    check_s: float = 0.0
+    """The output check: the batch through the pipeline once, compared with the unsplit model."""
+    warmup_s: float = 0.0
+    """Untimed runs: the pipeline's warm-up, and the serial model's once per worker and thread count."""
+    timed_s: float = 0.0
+    """The timed repeats: serial, pipeline and serial on all threads, back to back."""
+    other_s: float = 0.0
+    """The rest of the rank's time: agreeing with the other ranks, a profiler trace, keeping the stage."""
+    driver_s: float = 0.0
+    """The driver's time outside the slowest rank: dispatch, pickling, collecting replies."""
+
+    @property
+    def total_s(self) -> float:
+        return self.build_s + self.check_s + self.warmup_s + self.timed_s + self.other_s + self.driver_s
+
+    @property
+    def fixed_s(self) -> float:
+        """Everything but the timed repeats."""
+        return self.total_s - self.timed_s
+
+    @property
+    def timed_share(self) -> float:
+        return self.timed_s / self.total_s if self.total_s > 0 else float("nan")
+
+    def plus(self, other: Breakdown) -> Breakdown:
+        """Both trials' time, part by part (a race's steps on one kept stage)."""
+        return Breakdown(**{k: getattr(self, k) + getattr(other, k) for k in self.__dataclass_fields__})
+
+    def describe(self) -> str:
+        return (f"build {self.build_s:.2f}s, check {self.check_s:.2f}s, warm-up {self.warmup_s:.2f}s, "
+                f"timed {self.timed_s:.2f}s ({self.timed_share:.0%}), other {self.other_s:.2f}s, "
+                f"driver {self.driver_s:.2f}s")
+
+
+@dataclass(frozen=True, kw_only=True)
 class TrialResult:
     """Per-repeat timings and per-stage breakdown of one plan, measured in one trial."""
 
@@ -59,6 +102,8 @@ class TrialResult:
     end of wait, so it includes waiting for the previous stage) in the same repeat, on the same clock."""
     traces: tuple[str, ...] = ()
     """Per rank, the torch.profiler chrome trace of one extra run (when asked for)."""
+    breakdown: Breakdown | None = None
+    """Where the trial's wall time went (None for a failed trial)."""
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -116,6 +161,8 @@ class TrialResult:
         args["events"] = tuple(tuple(tuple(e) for e in rank) for rank in args.get("events", ()))
         args["comm_events"] = tuple(tuple(tuple(e) for e in rank) for rank in args.get("comm_events", ()))
         args["traces"] = tuple(args.get("traces", ()))
+        if isinstance(args.get("breakdown"), dict):
+            args["breakdown"] = Breakdown(**args["breakdown"])
         return cls(**args)
 
     @classmethod
@@ -141,9 +188,14 @@ def merged(parts: list[TrialResult]) -> TrialResult:
         ranks = len(getattr(first, name))
         return tuple(median([getattr(p, name)[r] for p in parts for _ in p.pipeline_s]) for r in range(ranks))
 
+    breakdown = None
+    if all(p.breakdown is not None for p in parts):
+        breakdown = first.breakdown
+        for p in parts[1:]:
+            breakdown = breakdown.plus(p.breakdown)  # type: ignore[union-attr,arg-type]
     peaks = tuple(max(p.peak_mem_bytes[r] for p in parts) for r in range(len(first.peak_mem_bytes)))
     return replace(last, serial_s=joined("serial_s"), serial_all_s=joined("serial_all_s"),
                    pipeline_s=joined("pipeline_s"), stage_compute_s=weighted("stage_compute_s"),
                    stage_comm_s=weighted("stage_comm_s"), peak_mem_bytes=peaks, max_abs_diff=first.max_abs_diff,
                    tolerance=first.tolerance, build_s=first.build_s, wall_s=sum(p.wall_s for p in parts),
-                   busy_s=sum(p.busy_s for p in parts), boundary_bytes=first.boundary_bytes)
+                   busy_s=sum(p.busy_s for p in parts), boundary_bytes=first.boundary_bytes, breakdown=breakdown)

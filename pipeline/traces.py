@@ -1,0 +1,135 @@
+"""One export of a model per microbatch shape, reused to build every plan's torch-backend stage.
+
+torch's ``pipeline()`` exports the model (``torch.export``) with a ``pipe_split`` marker at each of the
+plan's cuts and splits the graph at them; the export is most of a build (DeiT-S: ~2 s of ~2.5 s). Plans
+differ only in which markers they cut at, so a worker exports each model once per microbatch shape with a
+marker at the start of *every* module called once (every cut point any granularity or PiPPy's policy can
+name), and builds each plan's ``Pipe`` with torch's own ``Pipe.from_tracing`` on that export, after a
+``split_policy`` that removes the markers the plan does not cut at. The output check still runs on every
+trial. A plan that cuts elsewhere (an ``END`` split, a module called twice) is traced afresh.
+
+The stages share the cached export's parameters: they only run forward (inference); a stage that
+trains must not be built from here.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections import OrderedDict
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+from torch import fx, nn
+
+__all__ = ["LIMIT", "TraceCache", "marker_fqn"]
+
+LIMIT = 8
+"""Exports kept per worker (one per model and microbatch shape; the oldest is dropped first)."""
+
+
+def marker_fqn(node: fx.Node) -> str | None:
+    """The module whose start a ``pipe_split`` node marks: the innermost module on its call stack."""
+    if node.op != "call_function" or "pipe_split" not in str(node.target):
+        return None
+    stack = node.meta.get("nn_module_stack") or {}
+    if not stack:
+        return None
+    fqn = list(stack.values())[-1][0]
+    return str(fqn)
+
+
+def _module_starts(model: nn.Module, mb: torch.Tensor) -> list[str]:
+    """Every submodule called exactly once in one forward, in order (where a ``BEGINNING`` cut may go)."""
+    calls: dict[str, int] = {}
+    names = {m: n for n, m in model.named_modules() if n}
+    hooks = [m.register_forward_pre_hook(lambda mod, _a: calls.__setitem__(names[mod], calls.get(names[mod], 0) + 1))
+             for m in names]
+    try:
+        with torch.no_grad():
+            model(mb)
+    finally:
+        for h in hooks:
+            h.remove()
+    return [n for n, k in calls.items() if k == 1]
+
+
+@contextmanager
+def _answered_by(exported: Any) -> Iterator[None]:
+    """torch's ``Pipe`` with its export step answered by ``exported`` (the rest of from_tracing is torch's)."""
+    from torch.distributed.pipelining._IR import Pipe
+
+    original = Pipe.__dict__["_trace_with_export"]
+    Pipe._trace_with_export = staticmethod(lambda *_a, **_k: exported)  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        Pipe._trace_with_export = original  # type: ignore[method-assign]
+
+
+def _keep_only(cuts: frozenset[str]) -> Callable[[fx.GraphModule], fx.GraphModule]:
+    def policy(gm: fx.GraphModule) -> fx.GraphModule:
+        kept = 0
+        for node in list(gm.graph.nodes):
+            fqn = marker_fqn(node)
+            if fqn is None:
+                continue
+            if fqn in cuts:
+                kept += 1
+            else:
+                gm.graph.erase_node(node)
+        if kept != len(cuts):
+            raise RuntimeError(f"the cached export marks {kept} of the plan's {len(cuts)} cuts")
+        gm.recompile()
+        return gm
+
+    return policy
+
+
+class TraceCache:
+    """A worker's exports: per model one copy marked at every module start; per microbatch shape, its export."""
+
+    def __init__(self, limit: int = LIMIT) -> None:
+        self.limit = limit
+        self._marked: dict[str, nn.Module] = {}
+        self._exports: OrderedDict[tuple[str, tuple[int, ...], str], tuple[Any, frozenset[str]]] = OrderedDict()
+        self.hits = 0
+        self.misses = 0
+
+    def pipe(self, key: str, model: nn.Module, mb: torch.Tensor, split_spec: Mapping[str, str]) -> Any | None:
+        """torch's ``Pipe`` for these cuts from the cached export (made on first use), or None when the
+        plan cuts somewhere the export has no marker (the caller traces it afresh)."""
+        if any(kind != "BEGINNING" for kind in split_spec.values()):
+            return None
+        exported, markers = self._export(key, model, mb)
+        cuts = frozenset(split_spec)
+        if not cuts <= markers:
+            return None
+        from torch.distributed.pipelining._IR import Pipe
+
+        with _answered_by(exported):
+            return Pipe.from_tracing(self._marked[key], (mb,), None, split_policy=_keep_only(cuts))
+
+    def _export(self, key: str, model: nn.Module, mb: torch.Tensor) -> tuple[Any, frozenset[str]]:
+        k = (key, tuple(mb.shape), str(mb.dtype))
+        if k in self._exports:
+            self.hits += 1
+            self._exports.move_to_end(k)
+            return self._exports[k]
+        self.misses += 1
+        from torch.distributed.pipelining import SplitPoint
+        from torch.distributed.pipelining._IR import Pipe, annotate_split_points
+
+        if key not in self._marked:
+            self._marked.clear()  # one model at a time, as the worker caches it
+            self._exports.clear()
+            marked = copy.deepcopy(model)  # annotate_split_points rewrites forwards in place
+            annotate_split_points(marked, {fqn: SplitPoint.BEGINNING for fqn in _module_starts(model, mb)})
+            self._marked[key] = marked
+        exported = Pipe._trace_with_export(self._marked[key], (mb,), None)
+        markers = frozenset(f for f in (marker_fqn(n) for n in exported.graph.nodes) if f is not None)
+        self._exports[k] = (exported, markers)
+        while len(self._exports) > self.limit:
+            self._exports.popitem(last=False)
+        return self._exports[k]

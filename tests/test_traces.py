@@ -1,0 +1,50 @@
+"""The cached export: one per model and microbatch shape, every plan's Pipe cut from it like a fresh trace."""
+
+import copy
+
+import torch
+from torch.distributed.pipelining import SplitPoint, pipeline
+
+from pipeline.candidates import find_candidates
+from pipeline.models import build_model, example_input
+from pipeline.traces import TraceCache
+
+
+def test_a_pipe_from_the_cache_equals_a_fresh_trace(tiny_spec):
+    model = build_model(tiny_spec)
+    mb = example_input(tiny_spec, torch.device("cpu")).chunk(2)[0]
+    cache = TraceCache()
+    with torch.no_grad():
+        ref = model(mb)
+    for cuts in (("blocks.2",), ("blocks.1.mlp", "head"), ("blocks.0.attn.qkv",)):
+        spec = {c: "BEGINNING" for c in cuts}
+        pipe = cache.pipe(tiny_spec.key, model, mb, spec)
+        assert pipe is not None and pipe.num_stages == len(cuts) + 1
+        fresh = pipeline(copy.deepcopy(model), mb_args=(mb,), split_spec={c: SplitPoint.BEGINNING for c in cuts})
+        with torch.no_grad():
+            got, want = pipe(mb), fresh(mb)
+        got, want = (v[0] if isinstance(v, tuple) else v for v in (got, want))
+        assert torch.equal(got, want) and torch.allclose(got, ref, atol=1e-5)
+    assert cache.misses == 1 and cache.hits == 2  # one export served all three plans
+
+
+def test_every_candidate_at_both_granularities_is_marked(tiny_spec):
+    model = build_model(tiny_spec)
+    mb = example_input(tiny_spec, torch.device("cpu"))
+    cache = TraceCache()
+    _, markers = cache._export(tiny_spec.key, model, mb)
+    for gran in ("block", "layer"):
+        assert set(find_candidates(model, tiny_spec, gran).cuts) <= markers
+
+
+def test_a_cut_it_cannot_serve_is_left_to_a_fresh_trace(tiny_spec):
+    model = build_model(tiny_spec)
+    mb = example_input(tiny_spec, torch.device("cpu"))
+    cache = TraceCache()
+    assert cache.pipe(tiny_spec.key, model, mb, {"blocks.1": "END"}) is None
+    assert cache.pipe(tiny_spec.key, model, mb, {"no.such.module": "BEGINNING"}) is None
+    # a new microbatch shape is a new export; the oldest is dropped past the limit
+    small = TraceCache(limit=1)
+    small.pipe(tiny_spec.key, model, mb, {"blocks.1": "BEGINNING"})
+    small.pipe(tiny_spec.key, model, mb[:2], {"blocks.1": "BEGINNING"})
+    assert small.misses == 2 and len(small._exports) == 1
