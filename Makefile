@@ -32,7 +32,7 @@ check: $(STAMP_DEV)
 	$(VENV)/bin/mypy
 
 test: check
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q --durations=10 tests
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -28,8 +28,8 @@ class TrialOptions:
     """Run once more under torch.profiler and write a chrome trace per rank here."""
     check_first_repeat: bool = False
     """Check the output of the first timed repeat instead of running the batch once more for the check
-    (a fresh stage's first run is not slower than the next ones when its model is warm in the worker:
-    ``benchmarks/trial_overhead.py`` measures it); the search's trials do this."""
+    (a fresh stage's first run is no slower than its next ones once a run takes seconds; the search does
+    this for such models: ``search.runner.check_on_first_repeat``)."""
     cached_trace: bool = True
     """Build torch-backend stages from the worker's cached export of the model (``pipeline.traces``);
     False traces the model afresh for this plan."""

@@ -63,6 +63,8 @@ class SearchContext:
     budget_repeats: int | None = None
     """The study's total of timed pipeline repeats over its measured trials (None: no limit)."""
     prune: bool = True
+    check_first_repeat: bool = False
+    """Check the output on the first timed repeat rather than in a run of its own (``check_on_first_repeat``)."""
     progress: bool = True
     artifacts: Any = None
     """An Optuna artifact store: every measured trial's timeline PNG is uploaded to it (dashboard shows it)."""
@@ -220,9 +222,9 @@ class Objective:
         race = ctx.repeat_cap is not None
         step = max(1, math.ceil(base / 2)) if race else base
         kw: dict[str, Any] = {"warmup": 0, "timeout_s": ctx.trial_timeout_s, "serial_all": False, "keep": race,
-                              "check_first_repeat": True}
-        # warmup=0 and the check on the first timed repeat: a fresh stage's first run is no slower than its
-        # second when the model is warm in the worker (benchmarks/trial_overhead.py measures it)
+                              "check_first_repeat": ctx.check_first_repeat}
+        # warmup=0: the output check's own run warms the fresh pipeline up, or, where a run takes seconds,
+        # the check is on the first timed repeat (no slower than the next: search.runner.check_on_first_repeat)
         parts = [ctx.pool.run(plan, repeats=min(step, base), **kw)]
         reported = 0
         while True:

@@ -157,7 +157,7 @@ def run_study(cfg: SearchConfig, *, references: bool = False) -> StudyRun:
     from search.export import export, export_timelines
     from search.notes import save_study_note, study_note
     from search.racing import RacingPruner
-    from search.runner import run_loop, seed_count, seed_study, trial_repeats
+    from search.runner import check_on_first_repeat, run_loop, seed_count, seed_study, trial_repeats
     from search.sampler import PlanSampler
     from search.space import PlanPoint, PlanSpace
     from search.storage import open_storage
@@ -232,7 +232,7 @@ def run_study(cfg: SearchConfig, *, references: bool = False) -> StudyRun:
                             threads=threads, backend=cfg.backend, schedule=cfg.schedule, device=device,
                             repeats=repeats, repeat_cap=cap, budget_repeats=cfg.budget_repeats,
                             trial_timeout_s=cfg.trial_timeout_s, prune=cfg.prune, progress=cfg.progress,
-                            artifacts=artifacts, budget=trials)
+                            artifacts=artifacts, budget=trials, check_first_repeat=check_on_first_repeat(serial_s))
         model_best = [PlanPoint(cuts=p.cuts, chunks=p.chunks) for p in ranked(prof, stages, chunks)]
         study.sampler = PlanSampler(space, ctx.predictor(), model_best, seed=cfg.model.seed)
         save_study_note(study, study_note(config, space.size, study.user_attrs.get("ceiling")))

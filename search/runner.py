@@ -34,6 +34,21 @@ def trial_repeats(asked: int, serial_s: float, min_seconds: float, cap: int = 5)
     return max(asked, min(cap * asked, math.ceil(min_seconds / serial_s)))
 
 
+CHECK_FIRST_MIN_S = 1.0
+"""Serial seconds per batch from which a search trial checks its first timed repeat's output."""
+
+
+def check_on_first_repeat(serial_s: float) -> bool:
+    """Whether a trial may skip the output check's own run and check the first timed repeat instead.
+
+    A fresh stage's first run costs a few milliseconds more than its next ones (first-use set-up in the
+    runtime): on DeiT-S (2 s runs) the first repeat / the rest was 0.99 (n=10), on a tiny ViT (10 ms runs)
+    1.5 (n=6; ``benchmarks/first_repeat.py``, ``benchmarks/trial_overhead.py``). So a slow model saves a
+    whole run per trial, and a fast one, whose check run is cheap, keeps it as its warm-up.
+    """
+    return serial_s >= CHECK_FIRST_MIN_S
+
+
 def seed_study(ctx: SearchContext, *, policies: bool = False) -> None:
     """Enqueue PiPPy's plan and the cost model's best two once per study (a resumed study keeps the ones it
     has); ``policies`` adds every reference policy (``search.sweep`` reports them all)."""
