@@ -1,8 +1,11 @@
 """One trial on one rank: build, agree, check the output, warm up, then timed repeats, interleaved.
 
-    build the stage (trace a private copy of the cached model) -> every rank built? -> run the batch
-    once and check the last stage's output against the unsplit model -> warm up -> ``repeats`` times:
-    serial on rank 0 | pipeline on all ranks | serial on all threads on rank 0
+    build the stage (cut from the worker's cached export, or trace a private copy of the cached model) -> every
+    rank built? -> run the batch once and check the last stage's output against the unsplit model -> warm up
+    -> ``repeats`` times: serial on rank 0 | pipeline on all ranks | serial on all threads on rank 0
+
+With ``check_first_repeat`` the output of the first timed repeat is the one checked, and no run of its
+own precedes the timing (what a search trial of a model whose run takes seconds does).
 
 A trial may keep its checked stage (``keep``) so that the next trial of the same plan (``resume``) adds
 repeats without building or checking again: the search races plans a few repeats at a time this way.
