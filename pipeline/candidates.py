@@ -8,13 +8,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import torch
 from torch import nn
 
 from pipeline.core.errors import PipesplitError
 from pipeline.core.plan import SplitPlan, SplitPoint
 from pipeline.core.policies import PolicyInputs, policy
 from pipeline.core.spec import ModelSpec
+from pipeline.traces import call_events
 
 GRANULARITIES = ("block", "layer")
 _CONTAINERS = (nn.Sequential, nn.ModuleList)
@@ -148,21 +148,6 @@ class Candidates:
         )
 
 
-def _trace_calls(model: nn.Module, x: torch.Tensor) -> list[tuple[str, str]]:
-    events: list[tuple[str, str]] = []
-    handles = []
-    for name, mod in model.named_modules():
-        handles.append(mod.register_forward_pre_hook(lambda m, a, n=name: events.append(("B", n))))
-        handles.append(mod.register_forward_hook(lambda m, a, o, n=name: events.append(("E", n))))
-    try:
-        with torch.no_grad():
-            model(x)
-    finally:
-        for h in handles:
-            h.remove()
-    return events
-
-
 def _own_elements(mod: nn.Module) -> int:
     return sum(p.numel() for p in mod.parameters(recurse=False)) + sum(b.numel() for b in mod.buffers(recurse=False))
 
@@ -174,7 +159,7 @@ def find_candidates(model: nn.Module, spec: ModelSpec, granularity: str = "block
     from pipeline.models import example_input
 
     x = example_input(spec)[:1]
-    raw = _trace_calls(model, x)
+    raw = call_events(model, x)
     counts = Counter(n for k, n in raw if k == "B")
     once = [(k, n) for k, n in raw if counts[n] == 1 and n != ""]
     events = tuple(f"{k}:{n}" for k, n in once)
