@@ -14,6 +14,8 @@ import warnings
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
+from pipeline.core.result import Breakdown
+
 __all__ = ["MEASURED", "SAMPLER", "claims", "fail_stale", "is_seed", "measured_trials", "others_running",
            "repeats_spent", "skip_reason", "timed_share", "worker_id"]
 
@@ -59,9 +61,10 @@ def repeats_spent(study: optuna.Study) -> int:
 def timed_share(study: optuna.Study) -> float | None:
     """The share of the measured trials' wall time spent in timed repeats (the rest is each trial's fixed
     cost: build, output check, warm-up, the driver), or None before any trial has a breakdown."""
-    parts = [t.user_attrs["breakdown"] for t in measured_trials(study) if isinstance(t.user_attrs.get("breakdown"), dict)]
-    total = sum(sum(float(v) for v in b.values()) for b in parts)
-    return sum(float(b.get("timed_s", 0.0)) for b in parts) / total if total > 0 else None
+    parts = [Breakdown(**t.user_attrs["breakdown"]) for t in measured_trials(study)
+             if isinstance(t.user_attrs.get("breakdown"), dict)]
+    total = Breakdown.summed(parts)
+    return total.timed_share if total.total_s > 0 else None
 
 
 def _running_claims(study: optuna.Study) -> list[FrozenTrial]:

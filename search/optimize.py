@@ -1,12 +1,12 @@
 """``python -m search.optimize``: an Optuna study whose trials are real pipeline runs.
 
-The cost model (``costmodel``) profiles the model once and seeds the study with its optimum and every
-reference policy. The search's own sampler then proposes only valid plans not tried before: neighbours
-of the best measured plans scored by the (calibrated) cost model, with some exploration. Each trial
-builds and times a real multi-process pipeline on a persistent pool, a few repeats at a time: a plan
-clearly behind the best stops early, a plan that beats the best earns more repeats. A confirmation round then re-measures the
-top plans, interleaved, before one is declared best and exported.
-"""
+The cost model (``costmodel``) profiles the model once and seeds the study with PiPPy's equal-size plan
+and its own optimum and runner-up (``search.sweep`` seeds every reference policy). The search's own
+sampler then proposes only valid plans not tried before: the calibrated cost model's ranking, best
+first, with some exploration (``search.proposals``). Each trial builds and times a real multi-process
+pipeline on a persistent pool, a few repeats at a time: a plan clearly behind the best stops early, a
+plan that beats the best earns more repeats. A confirmation round then re-measures the top plans,
+interleaved, before one is declared best and exported."""
 
 from __future__ import annotations
 

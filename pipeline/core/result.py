@@ -56,6 +56,14 @@ class Breakdown:
         """Both trials' time, part by part (a race's steps on one kept stage)."""
         return Breakdown(**{k: getattr(self, k) + getattr(other, k) for k in self.__dataclass_fields__})
 
+    @classmethod
+    def summed(cls, parts: list[Breakdown]) -> Breakdown:
+        """The parts' times added up, part by part (nothing: all zero)."""
+        out = cls()
+        for b in parts:
+            out = out.plus(b)
+        return out
+
     def describe(self) -> str:
         return (f"build {self.build_s:.2f}s, check {self.check_s:.2f}s, warm-up {self.warmup_s:.2f}s, "
                 f"timed {self.timed_s:.2f}s ({self.timed_share:.0%}), other {self.other_s:.2f}s, "
@@ -188,11 +196,8 @@ def merged(parts: list[TrialResult]) -> TrialResult:
         ranks = len(getattr(first, name))
         return tuple(median([getattr(p, name)[r] for p in parts for _ in p.pipeline_s]) for r in range(ranks))
 
-    breakdown = None
-    if all(p.breakdown is not None for p in parts):
-        breakdown = first.breakdown
-        for p in parts[1:]:
-            breakdown = breakdown.plus(p.breakdown)  # type: ignore[union-attr,arg-type]
+    kept = [p.breakdown for p in parts if p.breakdown is not None]
+    breakdown = Breakdown.summed(kept) if len(kept) == len(parts) else None
     peaks = tuple(max(p.peak_mem_bytes[r] for p in parts) for r in range(len(first.peak_mem_bytes)))
     return replace(last, serial_s=joined("serial_s"), serial_all_s=joined("serial_all_s"),
                    pipeline_s=joined("pipeline_s"), stage_compute_s=weighted("stage_compute_s"),
