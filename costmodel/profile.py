@@ -66,7 +66,7 @@ def profile_key(spec: ModelSpec, device: str, threads: int, granularity: str, mi
 
 
 def cache_path(spec: ModelSpec, key: str, root: Path = PROFILE_DIR) -> Path:
-    return root / f"{spec.name}-b{spec.batch_size}-{key}.json"
+    return root / f"{spec.slug}-b{spec.batch_size}-{key}.json"
 
 
 def measure_link(device: str, sizes: Sequence[int], repeats: int = 5) -> Link:
@@ -155,7 +155,7 @@ def load_or_profile(spec: ModelSpec, *, device: str = "cpu", threads: int = 1, g
         except Exception as e:  # noqa: BLE001 - a truncated, old or hand-edited cache entry is measured again
             print(f"profile cache {path} is unreadable ({type(e).__name__}): profiling again", file=sys.stderr)
     if not quiet:
-        print(f"profiling {spec.name} (batch {spec.batch_size}, {threads} thread(s), {device}, {concurrency} "
+        print(f"profiling {spec.label} (batch {spec.batch_size}, {threads} thread(s), {device}, {concurrency} "
               f"stage(s) at once) at microbatch sizes {micro} ...", file=sys.stderr, flush=True)
     prof = profile_model(spec, device=device, threads=threads, granularity=granularity, micro_sizes=micro,
                          repeats=repeats, concurrency=concurrency, pool=pool)

@@ -99,7 +99,7 @@ class Candidates:
     def validate(self, plan: SplitPlan) -> None:
         """Raise a one-line PipesplitError if ``plan``'s cuts cannot be made in this model."""
         if plan.stages > self.max_stages:
-            raise self._too_many(f"{plan.stages} stages", plan.model.name)
+            raise self._too_many(f"{plan.stages} stages", plan.model.label)
         idx = self._index()
         positions = []
         for p in plan.split_points:
@@ -109,7 +109,7 @@ class Candidates:
                 close = difflib.get_close_matches(p.fqn, sorted(called), n=3, cutoff=0.6)
                 hint = f" (did you mean {', '.join(close)}?)" if close else ""
                 raise PipesplitError(
-                    f"split point {p.fqn!r} is not a module that {plan.model.name} calls exactly once{hint}: "
+                    f"split point {p.fqn!r} is not a module that {plan.model.label} calls exactly once{hint}: "
                     f"pick one of its candidates, e.g. {', '.join(self.cuts[:4])} ..."
                 )
             positions.append(idx[key])
@@ -166,23 +166,35 @@ def find_candidates(model: nn.Module, spec: ModelSpec, granularity: str = "block
     order = {n: i for i, (k, n) in enumerate(once) if k == "B"}
     modules = dict(model.named_modules())
 
+    def first_use(fqn: str) -> int | None:
+        """Where a module starts; a container that is never called itself (a ModuleList that forward loops
+        over: GPT-2's ``transformer.h``, Llama's ``model.layers``) starts where its first child does."""
+        if fqn in order:
+            return order[fqn]
+        if not isinstance(modules[fqn], (*_CONTAINERS, nn.ModuleDict)):
+            return None
+        uses = [u for c, _ in modules[fqn].named_children() if (u := first_use(f"{fqn}.{c}")) is not None]
+        return min(uses) if uses else None
+
     def called_children(fqn: str) -> list[str]:
         mod = modules[fqn] if fqn else model
-        kids = [f"{fqn}.{c}" if fqn else c for c, _ in mod.named_children()]
-        return sorted((k for k in kids if k in order), key=order.__getitem__)
+        kids = [(k, first_use(k)) for k in (f"{fqn}.{c}" if fqn else c for c, _ in mod.named_children())]
+        return [k for k, _ in sorted(((k, u) for k, u in kids if u is not None), key=lambda t: t[1])]
 
     def is_stack(fqn: str) -> bool:
-        """A container of same-type blocks run in order, or a stage holding one (Swin/ConvNeXt ``stages.i.blocks``)."""
+        """A container of same-type blocks run in order, or a module holding one at any depth (Swin/ConvNeXt
+        ``stages.i.blocks``, BERT's ``bert.encoder.layer``)."""
         mod = modules[fqn]
         kids = called_children(fqn)
         if isinstance(mod, _CONTAINERS):
             return len(kids) >= 1 and len({type(modules[k]) for k in kids}) == 1
-        return any(isinstance(modules[k], _CONTAINERS) and len(called_children(k)) >= 2 and is_stack(k) for k in kids)
+        return any(is_stack(k) if not isinstance(modules[k], _CONTAINERS) else len(called_children(k)) >= 2 and is_stack(k)
+                   for k in kids)
 
     def expand(fqn: str) -> list[str]:
         out: list[str] = []
         for child in called_children(fqn):
-            out.extend(expand(child) if is_stack(child) else [child])
+            out.extend(expand(child) if is_stack(child) or child not in order else [child])
         return out
 
     blocks = expand("")
@@ -208,7 +220,7 @@ def find_candidates(model: nn.Module, spec: ModelSpec, granularity: str = "block
         last, cnt = units[-1]
         units[-1] = (last, cnt + pending)
     if len(merged) < 2:
-        raise PipesplitError(f"{spec.name} has no place to cut at {granularity} granularity: try --granularity layer")
+        raise PipesplitError(f"{spec.label} has no place to cut at {granularity} granularity: try --granularity layer")
     return Candidates(
         granularity=granularity, blocks=tuple(merged), events=events, units=tuple(units)
     )

@@ -24,12 +24,20 @@ class Parser(argparse.ArgumentParser):
 
 def add_model_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("model")
-    g.add_argument("--model", default=None, help=f"timm model name (default {DEFAULT_MODEL}); weights are random")
+    g.add_argument("--model", default=None,
+                   help=f"timm model name (default {DEFAULT_MODEL}) or hf:<transformers model type> (hf:gpt2, "
+                   "hf:llama, hf:bert: built from its config, needs the [hf] extra); weights are random")
+    g.add_argument("--model-factory", default=None, metavar="MODULE:FN",
+                   help="your own model: my_pkg.models:build or path/to/file.py:build, a callable that returns "
+                   "(model, example_batch); --model-kwargs are passed to it")
     g.add_argument("--model-kwargs", default=None, metavar="JSON",
-                   help='timm.create_model overrides, e.g. \'{"depth": 4, "embed_dim": 96, "img_size": 64}\'')
+                   help='timm.create_model overrides (\'{"depth": 4, "img_size": 64}\'), transformers config '
+                   'settings (\'{"n_layer": 4, "n_embd": 128}\') or the factory\'s keyword arguments')
     g.add_argument("--image-size", type=int, default=None,
                    help="input height=width for models that take any size (CNNs); ViTs take img_size in --model-kwargs")
-    g.add_argument("--batch-size", type=int, default=None, help="whole-batch size (default 32)")
+    g.add_argument("--seq-len", type=int, default=None, help="tokens per sample for hf: models (default 128)")
+    g.add_argument("--batch-size", type=int, default=None,
+                   help="whole-batch size (default 32; a factory's: its example batch's)")
     g.add_argument("--dtype", default=None, choices=DTYPES, help="parameter and input dtype (default float32)")
     g.add_argument("--checkpoint", default=None, help="optional local state_dict to load (timing does not need one)")
     g.add_argument("--seed", type=int, default=None,
@@ -48,7 +56,8 @@ def add_runtime_args(p: argparse.ArgumentParser) -> None:
                    help="intra-op threads per stage process (default: cores // stages, at least 1)")
 
 
-MODEL_FLAGS = ("model", "model_kwargs", "image_size", "batch_size", "dtype", "checkpoint", "seed")
+MODEL_FLAGS = ("model", "model_factory", "model_kwargs", "image_size", "seq_len", "batch_size", "dtype", "checkpoint",
+               "seed")
 
 
 def parse_kwargs(text: str | None) -> dict[str, Any]:
@@ -68,9 +77,14 @@ class ModelArgs:
     """The model a command was asked for, before it is built (``resolve`` builds it once to read its input)."""
 
     name: str = DEFAULT_MODEL
+    """A timm name or ``hf:<type>``."""
+    factory: str | None = None
+    """A factory's import path, in place of ``name``."""
     kwargs: dict[str, Any] = field(default_factory=dict)
-    batch_size: int = 32
+    batch_size: int | None = None
+    """None: 32, or a factory's example batch size."""
     image_size: int | None = None
+    seq_len: int | None = None
     dtype: str = "float32"
     checkpoint: str | None = None
     seed: int = 0
@@ -79,8 +93,11 @@ class ModelArgs:
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> ModelArgs:
-        return cls(name=args.model or DEFAULT_MODEL, kwargs=parse_kwargs(args.model_kwargs),
-                   batch_size=32 if args.batch_size is None else args.batch_size, image_size=args.image_size,
+        factory = getattr(args, "model_factory", None)
+        if factory is not None and args.model is not None:
+            raise PipesplitError(f"--model {args.model} and --model-factory {factory} both name a model: give one")
+        return cls(name=factory or args.model or DEFAULT_MODEL, factory=factory, kwargs=parse_kwargs(args.model_kwargs),
+                   batch_size=args.batch_size, image_size=args.image_size, seq_len=getattr(args, "seq_len", None),
                    dtype=args.dtype or "float32", checkpoint=args.checkpoint, seed=0 if args.seed is None else args.seed,
                    granularity=args.granularity)
 
@@ -88,7 +105,8 @@ class ModelArgs:
         from pipeline.models import resolve_spec
 
         return resolve_spec(self.name, kwargs=self.kwargs, batch_size=self.batch_size, image_size=self.image_size,
-                            dtype=self.dtype, checkpoint=self.checkpoint, seed=self.seed)
+                            dtype=self.dtype, checkpoint=self.checkpoint, seed=self.seed,
+                            source="factory" if self.factory else None, seq_len=self.seq_len)
 
 
 def spec_from_args(args: argparse.Namespace) -> ModelSpec:

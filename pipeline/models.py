@@ -1,4 +1,7 @@
-"""Build timm models from a ModelSpec: random weights (no downloads), an optional local checkpoint."""
+"""Build any model a ModelSpec names, and its batch: random weights (no downloads), an optional local checkpoint.
+
+Three sources: timm (the default), ``hf:<type>`` (``pipeline.hf``) and a user's factory (``pipeline.factory``).
+"""
 
 from __future__ import annotations
 
@@ -23,7 +26,20 @@ def _check_name(name: str) -> None:
         raise PipesplitError(f"unknown timm model {name!r}{hint}: pass a name from timm.list_models()")
 
 
-def _create(name: str, kwargs: dict[str, Any]) -> nn.Module:
+def _create(spec: ModelSpec) -> nn.Module:
+    """A fresh model of ``spec``'s source (the caller seeds torch first)."""
+    if spec.source == "hf":
+        from pipeline.hf import build_hf
+
+        return build_hf(spec.name, dict(spec.kwargs))
+    if spec.source == "factory":
+        from pipeline.factory import build_factory
+
+        return build_factory(spec.name, dict(spec.kwargs))
+    return _create_timm(spec.name, dict(spec.kwargs))
+
+
+def _create_timm(name: str, kwargs: dict[str, Any]) -> nn.Module:
     import timm
 
     _check_name(name)
@@ -62,15 +78,44 @@ def resolve_spec(
     name: str,
     *,
     kwargs: dict[str, Any] | None = None,
-    batch_size: int = 32,
+    batch_size: int | None = 32,
     image_size: int | None = None,
     dtype: str = "float32",
     checkpoint: str | None = None,
     seed: int = 0,
+    source: str | None = None,
+    seq_len: int | None = None,
 ) -> ModelSpec:
-    """A ModelSpec whose input shape comes from the model itself (``image_size`` overrides it where allowed)."""
+    """A ModelSpec whose input comes from the model itself: the image size a timm model takes
+    (``image_size`` overrides it where allowed), an ``hf:`` model's token ids of ``seq_len``, a factory's
+    example batch (``batch_size`` None: the example's own)."""
     kwargs = dict(kwargs or {})
-    model = _create(name, kwargs)
+    if source is None:
+        source, name = ("hf", name[3:]) if name.startswith("hf:") else ("timm", name)
+    if checkpoint is not None and not Path(checkpoint).is_file():
+        raise PipesplitError(f"checkpoint {checkpoint} does not exist: pass a local state_dict file or leave it out")
+    if source != "timm" and image_size is not None:
+        raise PipesplitError(f"--image-size applies to timm image models, not {source} model {name}: "
+                             + ("use --seq-len" if source == "hf" else "the factory's example batch sets the shape"))
+    if source != "hf" and seq_len is not None:
+        raise PipesplitError(f"--seq-len applies to hf: language models, not {source} model {name}: leave it out")
+    common: dict[str, Any] = {"name": name, "source": source, "kwargs": kwargs, "dtype": dtype,
+                              "checkpoint": checkpoint, "seed": seed}
+    if source == "hf":
+        from pipeline.hf import check_runs, hf_input
+
+        tokens = hf_input(name, kwargs, seq_len)
+        spec = ModelSpec(batch_size=32 if batch_size is None else batch_size, input_shape=(tokens.seq_len,),
+                         input_dtype="int64", input_high=tokens.vocab, **common)
+        check_runs(_create(spec), name, tokens.vocab)
+        return spec
+    if source == "factory":
+        from pipeline.factory import factory_input
+
+        ex = factory_input(name, kwargs)
+        return ModelSpec(batch_size=ex.batch_size if batch_size is None else batch_size, input_shape=ex.shape,
+                         input_dtype=ex.dtype, input_low=ex.low, input_high=ex.high, **common)
+    model = _create_timm(name, kwargs)
     shape, fixed = _native_input_shape(model, kwargs)
     if image_size is not None:
         if image_size < 1:
@@ -81,17 +126,26 @@ def resolve_spec(
                 f"pass --model-kwargs '{{\"img_size\": {image_size}}}' instead"
             )
         shape = (shape[0], image_size, image_size)
-    if checkpoint is not None and not Path(checkpoint).is_file():
-        raise PipesplitError(f"checkpoint {checkpoint} does not exist: pass a local state_dict file or leave it out")
-    return ModelSpec(
-        name=name, kwargs=kwargs, batch_size=batch_size, input_shape=shape, dtype=dtype, checkpoint=checkpoint, seed=seed
-    )
+    return ModelSpec(batch_size=32 if batch_size is None else batch_size, input_shape=shape, **common)
 
 
 def fit_input(spec: ModelSpec, *, given: bool) -> ModelSpec:
     """``spec`` with the input shape its model takes: derived from the model when the plan gave none (as the
     CLI derives it), checked against the model when it did (a fixed-size model names its own size)."""
-    model = _create(spec.name, dict(spec.kwargs))
+    if spec.source == "hf":
+        from pipeline.hf import hf_input
+
+        tokens = hf_input(spec.name, dict(spec.kwargs), spec.input_shape[0] if given else None)
+        return replace(spec, input_shape=(tokens.seq_len,), input_dtype="int64", input_high=tokens.vocab,
+                       input_low=0)
+    if spec.source == "factory":
+        if given:
+            return spec
+        from pipeline.factory import factory_input
+
+        ex = factory_input(spec.name, dict(spec.kwargs))
+        return replace(spec, input_shape=ex.shape, input_dtype=ex.dtype, input_low=ex.low, input_high=ex.high)
+    model = _create_timm(spec.name, dict(spec.kwargs))
     native, fixed = _native_input_shape(model, dict(spec.kwargs))
     if not given:
         return replace(spec, input_shape=native)
@@ -111,9 +165,9 @@ def torch_dtype(spec: ModelSpec) -> torch.dtype:
 def build_model(spec: ModelSpec) -> nn.Module:
     """The model in eval mode, weights seeded by ``spec.seed`` (or loaded from ``spec.checkpoint``)."""
     torch.manual_seed(spec.seed)
-    model = _create(spec.name, dict(spec.kwargs))
+    model = _create(spec)
     if spec.checkpoint:
-        _load_checkpoint(model, spec.checkpoint, spec.name)
+        _load_checkpoint(model, spec.checkpoint, spec.label)
     return model.to(torch_dtype(spec)).eval()
 
 
@@ -148,5 +202,12 @@ def _load_checkpoint(model: nn.Module, path: str, name: str) -> None:
 def example_input(spec: ModelSpec, device: str | torch.device = "cpu") -> torch.Tensor:
     """The whole batch every rank generates identically from the seed."""
     g = torch.Generator().manual_seed(spec.seed + 1)
-    x = torch.randn((spec.batch_size, *spec.input_shape), generator=g)
+    shape = (spec.batch_size, *spec.input_shape)
+    if spec.input_dtype == "bool":
+        return torch.ones(shape, dtype=torch.bool, device=device)
+    if spec.input_dtype is not None:
+        high = spec.input_high if spec.input_high is not None else spec.input_low + 1
+        x = torch.randint(spec.input_low, high, shape, generator=g, dtype=torch.int64)
+        return x.to(device=device, dtype=getattr(torch, spec.input_dtype))
+    x = torch.randn(shape, generator=g)
     return x.to(device=device, dtype=torch_dtype(spec))

@@ -19,6 +19,7 @@ from torch import nn
 from pipeline.core.spec import ModelSpec
 from pipeline.instrument import CommClock, Peak, hook_torch_p2p
 from pipeline.models import build_model
+from pipeline.stages import error_line
 from pipeline.traces import TraceCache
 
 __all__ = ["RankState", "WorkerConfig", "gpu_index", "join_group", "one_line"]
@@ -38,9 +39,8 @@ class WorkerConfig:
 
 
 def one_line(e: BaseException) -> str:
-    """An exception as one line: its type and the first line of its message."""
-    text = str(e).strip().splitlines()
-    return f"{type(e).__name__}: {text[0] if text else ''}"[:400]
+    """An exception as one line: its type and the first line of its message (its cause's where that is empty)."""
+    return error_line(e)
 
 
 def gpu_index(rank: int, cfg: WorkerConfig) -> int:

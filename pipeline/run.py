@@ -128,7 +128,7 @@ def plan_from_args(args: argparse.Namespace) -> SplitPlan:
     if args.policy:
         if args.stages is None:
             raise PipesplitError("--policy needs --stages N")
-        cands.check_stages(args.stages, spec.name)
+        cands.check_stages(args.stages, spec.label)
         points = cands.policy_points(args.policy, args.stages)
     else:
         points = tuple(SplitPoint.parse(t) for t in args.split_points.split(",") if t.strip())

@@ -69,8 +69,15 @@ def use_codegen(module: nn.Module) -> None:
     tiny DeiT stage that made compute ~4x slower than torchpippy's GraphModules (measured here).
     """
     for m in module.modules():
-        if hasattr(m, "_run_with_interpreter"):
+        if hasattr(m, "_run_with_interpreter") and not _names_self(m):
             m._run_with_interpreter = False  # type: ignore[assignment]
+
+
+def _names_self(module: nn.Module) -> bool:
+    """Whether generated code for ``module`` would rebind ``self``: a submodule called ``self`` (BERT's
+    ``attention.self``) becomes a graph value named ``self``; such a module stays interpreted."""
+    graph = getattr(module, "graph", None)
+    return graph is not None and any(node.name == "self" for node in graph.nodes)
 
 
 def _build_torch(plan: SplitPlan, model: nn.Module, x: torch.Tensor, rank: int, device: torch.device,
@@ -120,10 +127,40 @@ def _build_pippy(plan: SplitPlan, model: nn.Module, x: torch.Tensor, rank: int, 
     return BuiltStage(module=stage.submod, step=step, runtime=stage)
 
 
+def other_backend(backend: str) -> str:
+    return "pippy" if backend == "torch" else "torch"
+
+
+def error_line(e: BaseException) -> str:
+    """An exception's type and first line, with its cause's where torch's own line only says "failed:"."""
+    text = str(e).strip().splitlines()
+    line = f"{type(e).__name__}: {text[0] if text else ''}".rstrip()
+    cause = e.__cause__ or e.__context__
+    if cause is not None and (line.endswith(":") or not text):
+        line = f"{line.rstrip(':')}: {error_line(cause)}"
+    return line[:400]
+
+
+def _explained(built: BuiltStage, plan: SplitPlan) -> BuiltStage:
+    """A stage whose failure to run says which backend failed on which model, and what to try."""
+    step = built.step
+
+    def run(inp: torch.Tensor | None) -> Any:
+        try:
+            return step(inp)
+        except Exception as e:  # noqa: BLE001 - re-raised as one line with the fix
+            raise RuntimeError(f"{plan.backend} backend cannot run {plan.model.label} cut at "
+                               f"[{', '.join(plan.split_spec())}]: {error_line(e)}; try --backend "
+                               f"{other_backend(plan.backend)}") from e
+
+    built.step = run
+    return built
+
+
 def build_stage(plan: SplitPlan, model: nn.Module, x: torch.Tensor, rank: int, device: torch.device,
                 group: dist.ProcessGroup | None = None, traces: TraceCache | None = None) -> BuiltStage:
     """Trace ``model`` (never modified) with the plan's cuts and keep this rank's stage; on the torch
     backend, from the worker's cached export (``traces``) where it marks the plan's cuts."""
     if plan.backend == "torch":
-        return _build_torch(plan, model, x, rank, device, group, traces)
-    return _build_pippy(plan, model, x, rank, device, group)
+        return _explained(_build_torch(plan, model, x, rank, device, group, traces), plan)
+    return _explained(_build_pippy(plan, model, x, rank, device, group), plan)

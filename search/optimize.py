@@ -171,13 +171,13 @@ def run_study(cfg: SearchConfig, *, references: bool = False) -> StudyRun:
     chunks = choose_chunks(cfg.chunks, spec.batch_size, DEFAULT_CHUNKS)
     granularity = cfg.model.granularity
     cands = find_candidates(build_model(spec), spec, granularity)
-    cands.check_stages(cfg.stages, spec.name)
+    cands.check_stages(cfg.stages, spec.label)
     stages = cfg.stages
     threads = cfg.threads_per_stage or default_threads(stages)
     trials = cfg.trials or (12 if stages == 2 else 14)
     if cfg.trials is None and cfg.budget_repeats is not None:
         trials = 10**9  # the repeat budget alone limits the study (the space's size bounds it too)
-    name = cfg.study_name or default_study_name(spec.name, stages, spec.batch_size, device, granularity)
+    name = cfg.study_name or default_study_name(spec.slug, stages, spec.batch_size, device, granularity)
     outdir = Path(cfg.results_dir) / name
     artifacts = None
     if cfg.artifacts:

@@ -75,9 +75,9 @@ def _run(args: argparse.Namespace) -> int:
     cands = find_candidates(build_model(spec), spec, base.model.granularity)
     too_many = [s for s in counts if s > cands.max_stages]
     if too_many:
-        cands.check_stages(too_many[0], spec.name)
+        cands.check_stages(too_many[0], spec.label)
     device = base.device
-    name = args.name or f"sweep-{spec.name}-b{spec.batch_size}-{device}"
+    name = args.name or f"sweep-{spec.slug}-b{spec.batch_size}-{device}"
     outdir = Path(args.results_dir) / name
     studies: dict[int, Any] = {}
     artifacts = None
@@ -93,7 +93,7 @@ def _run(args: argparse.Namespace) -> int:
             raise PipesplitError(f"--report-only: {db} does not exist; run the sweep first (without --report-only)")
         storage = open_storage(args.storage)
         for s in counts:
-            study_name = default_study_name(spec.name, s, spec.batch_size, device, args.granularity)
+            study_name = default_study_name(spec.slug, s, spec.batch_size, device, args.granularity)
             try:
                 studies[s] = optuna.load_study(study_name=study_name, storage=storage)
             except KeyError:
@@ -108,7 +108,7 @@ def _run(args: argparse.Namespace) -> int:
             if run.interrupted:
                 interrupted = True
                 break
-    paths = write_report(studies, outdir, spec=spec, device=device, title=f"pipesplit sweep: {spec.name}",
+    paths = write_report(studies, outdir, spec=spec, device=device, title=f"pipesplit sweep: {spec.label}",
                          artifacts=artifacts)
     for p in paths:
         print(f"wrote {p}")
@@ -192,7 +192,7 @@ def write_report(studies: dict[int, Any], outdir: Path, *, spec: Any, device: st
         made["compute_comm"] = "compute_comm.png"
     threads = sorted({int((st.user_attrs.get("config") or {}).get("threads_per_stage") or 0) for st in studies.values()}
                      - {0})
-    meta = {"model": spec.name, "batch_size": spec.batch_size, "device": device,
+    meta = {"model": spec.label, "batch_size": spec.batch_size, "device": device,
             "threads": f"{'/'.join(map(str, threads))} thread(s) per stage",
             "date": time.strftime("%Y-%m-%d %H:%M"), "studies": {s: st.study_name for s, st in studies.items()}}
     text = markdown(title, rows, plots=made, meta=meta)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -11,22 +12,33 @@ from pipeline.core.fields import int_list, read
 
 SPEC_VERSION = 1
 DTYPES = ("float32", "bfloat16", "float16")
+SOURCES = ("timm", "hf", "factory")
+INPUT_DTYPES = ("int64", "int32", "bool")
+"""Input dtypes other than the model's own float dtype (token ids, masks)."""
 
 
 @dataclass(frozen=True, kw_only=True)
 class ModelSpec:
-    """A randomly initialised (or checkpoint-loaded) timm model and the batch it is run on."""
+    """A randomly initialised (or checkpoint-loaded) model and the batch it is run on, rebuildable anywhere."""
 
     name: str
-    """timm model name, e.g. ``deit_small_patch16_224``."""
+    """timm model name (``deit_small_patch16_224``), transformers model type (``gpt2``) or factory import
+    path (``my_pkg.models:build`` or ``path/to/file.py:build``), as ``source`` says."""
+    source: str = "timm"
+    """Where the model comes from: ``timm``, ``hf`` (transformers, from its config) or ``factory``."""
     kwargs: dict[str, Any] = field(default_factory=dict)
-    """Keyword overrides for ``timm.create_model`` (``depth``, ``embed_dim``, ``img_size`` ...)."""
+    """Keyword overrides for ``timm.create_model``, the transformers config, or the factory."""
     batch_size: int = 32
     """Samples in the whole batch that the pipeline splits into chunks."""
     input_shape: tuple[int, ...] = (3, 224, 224)
     """One sample's shape, derived from the model's config by ``pipeline.models.resolve_spec``."""
     dtype: str = "float32"
-    """Parameter and input dtype."""
+    """Parameter dtype, and the input's unless ``input_dtype`` says otherwise."""
+    input_dtype: str | None = None
+    """An integer or bool input (``int64`` token ids); None: a float input in ``dtype``, drawn from N(0, 1)."""
+    input_high: int | None = None
+    """Integer inputs are drawn uniformly from [``input_low``, ``input_high``) (a vocabulary's size)."""
+    input_low: int = 0
     checkpoint: str | None = None
     """Optional local ``state_dict`` file; weights do not change timing, so none is needed."""
     seed: int = 0
@@ -34,7 +46,16 @@ class ModelSpec:
 
     def __post_init__(self) -> None:
         if not self.name:
-            raise PipesplitError("model name is empty: pass a timm model name such as deit_small_patch16_224")
+            raise PipesplitError("model name is empty: pass a timm model name such as deit_small_patch16_224, "
+                                 "hf:<model type> or --model-factory module:function")
+        if self.source not in SOURCES:
+            raise PipesplitError(f"model source {self.source!r} is unknown: use one of {', '.join(SOURCES)}")
+        if self.input_dtype is not None and self.input_dtype not in INPUT_DTYPES:
+            raise PipesplitError(f"input dtype {self.input_dtype!r} is not supported: use one of "
+                                 f"{', '.join(INPUT_DTYPES)} (or none for a float input)")
+        if self.input_dtype in ("int64", "int32") and (self.input_high is None or self.input_high <= self.input_low):
+            raise PipesplitError(f"integer input needs input_high > input_low (got [{self.input_low}, {self.input_high})): "
+                                 "give the value range, e.g. the vocabulary size")
         if self.batch_size < 1:
             raise PipesplitError(f"batch size must be a positive integer (got {self.batch_size})")
         if self.dtype not in DTYPES:
@@ -42,6 +63,16 @@ class ModelSpec:
         if not self.input_shape or any(int(d) < 1 for d in self.input_shape):
             raise PipesplitError(f"input shape {self.input_shape} must be positive dimensions, e.g. (3, 224, 224)")
         object.__setattr__(self, "input_shape", tuple(int(d) for d in self.input_shape))
+
+    @property
+    def label(self) -> str:
+        """The model as a user names it: ``deit_small_patch16_224``, ``hf:gpt2``, ``my_pkg.models:build``."""
+        return f"hf:{self.name}" if self.source == "hf" else self.name
+
+    @property
+    def slug(self) -> str:
+        """``label`` made safe for a file or study name."""
+        return re.sub(r"[^A-Za-z0-9_.-]+", "-", self.label).strip("-") or "model"
 
     @property
     def key(self) -> str:
@@ -65,7 +96,10 @@ class ModelSpec:
             raise PipesplitError(f"model spec version {version!r} is not supported (this pipesplit reads {SPEC_VERSION})")
         w = "model."
         args: dict[str, Any] = {
-            "name": read(d, "name", str, where=w), "kwargs": dict(read(d, "kwargs", dict, {}, where=w)),
+            "name": read(d, "name", str, where=w), "source": read(d, "source", str, "timm", where=w),
+            "input_dtype": read(d, "input_dtype", str, None, where=w, optional=True),
+            "input_high": read(d, "input_high", int, None, where=w, optional=True),
+            "input_low": read(d, "input_low", int, 0, where=w), "kwargs": dict(read(d, "kwargs", dict, {}, where=w)),
             "batch_size": read(d, "batch_size", int, 32, where=w), "dtype": read(d, "dtype", str, "float32", where=w),
             "checkpoint": read(d, "checkpoint", str, None, where=w, optional=True),
             "seed": read(d, "seed", int, 0, where=w),

@@ -1,0 +1,116 @@
+"""Models from a user's own callable: ``my_pkg.models:build`` or ``path/to/file.py:build``.
+
+The contract: ``build(**kwargs)`` returns ``(model, example_batch)``, where ``model`` is an ``nn.Module``
+and ``example_batch`` is the whole batch it runs on: one tensor (or a tuple holding one tensor) whose first
+dimension is the batch. Every rank calls it with the same kwargs after seeding torch, and pipesplit
+regenerates a batch of that shape, dtype and value range from the seed (floats from N(0, 1), integers
+uniformly within the example's own range), so every trial, profile and check sees the same batch.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from pipeline.core.errors import PipesplitError
+
+__all__ = ["FactoryInput", "build_factory", "factory_input"]
+
+_FLOATS = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
+_INTS = {torch.int64: "int64", torch.int32: "int32"}
+
+
+@dataclass(frozen=True, kw_only=True)
+class FactoryInput:
+    """The example batch, described: per-sample shape, dtype (None: float) and integer range."""
+
+    batch_size: int
+    shape: tuple[int, ...]
+    dtype: str | None
+    low: int = 0
+    high: int | None = None
+
+
+def _function(path: str) -> Any:
+    """The callable that ``path`` (``module:function`` or ``file.py:function``) names."""
+    where, sep, attr = path.rpartition(":")
+    if not sep or not where or not attr:
+        raise PipesplitError(f"--model-factory {path!r} must name module:function or path/to/file.py:function")
+    try:
+        if where.endswith(".py"):
+            file = Path(where)
+            if not file.is_file():
+                raise PipesplitError(f"--model-factory file {where} does not exist: give a path from the current folder")
+            name = f"pipesplit_factory_{abs(hash(str(file.resolve())))}"
+            if name not in sys.modules:
+                spec = importlib.util.spec_from_file_location(name, file)
+                assert spec is not None and spec.loader is not None
+                module = importlib.util.module_from_spec(spec)
+                sys.modules[name] = module
+                try:
+                    spec.loader.exec_module(module)
+                except BaseException:
+                    del sys.modules[name]
+                    raise
+            module = sys.modules[name]
+        else:
+            module = importlib.import_module(where)
+    except PipesplitError:
+        raise
+    except Exception as e:  # noqa: BLE001 - the user's module failed to import
+        raise PipesplitError(f"--model-factory {path}: {where} does not import ({type(e).__name__}: "
+                             f"{str(e).strip().splitlines()[0][:200] if str(e).strip() else ''})") from None
+    fn = getattr(module, attr, None)
+    if not callable(fn):
+        raise PipesplitError(f"--model-factory {path}: {where} has no callable {attr!r}")
+    return fn
+
+
+def _call(path: str, kwargs: dict[str, Any]) -> tuple[nn.Module, torch.Tensor]:
+    fn = _function(path)
+    try:
+        got = fn(**kwargs)
+    except TypeError as e:
+        raise PipesplitError(f"--model-factory {path} rejected --model-kwargs {kwargs}: {e}") from None
+    except Exception as e:  # noqa: BLE001 - the user's factory failed
+        raise PipesplitError(f"--model-factory {path} failed: {type(e).__name__}: "
+                             f"{str(e).strip().splitlines()[0][:200] if str(e).strip() else ''}") from None
+    contract = "return (model, example_batch): an nn.Module and a tensor whose first dimension is the batch"
+    if not isinstance(got, tuple) or len(got) != 2 or not isinstance(got[0], nn.Module):
+        raise PipesplitError(f"--model-factory {path} returned {type(got).__name__}: it must {contract}")
+    model, batch = got
+    if isinstance(batch, (tuple, list)) and len(batch) == 1:
+        batch = batch[0]
+    if isinstance(batch, (tuple, list)):
+        raise PipesplitError(f"--model-factory {path} returned {len(batch)} input tensors: pipesplit pipelines one "
+                             "input tensor today; wrap the model so that its forward takes one tensor")
+    if not isinstance(batch, torch.Tensor) or batch.dim() < 1:
+        raise PipesplitError(f"--model-factory {path}'s example batch is a {type(batch).__name__}: it must {contract}")
+    if batch.dtype not in _FLOATS and batch.dtype not in _INTS and batch.dtype != torch.bool:
+        raise PipesplitError(f"--model-factory {path}'s example batch has dtype {batch.dtype}: use a float, "
+                             "int64, int32 or bool tensor")
+    return model, batch
+
+
+def build_factory(path: str, kwargs: dict[str, Any]) -> nn.Module:
+    """The factory's model (the caller seeds torch first), in eval mode."""
+    return _call(path, kwargs)[0].eval()
+
+
+def factory_input(path: str, kwargs: dict[str, Any]) -> FactoryInput:
+    """The factory's example batch, described so that any rank regenerates one like it from a seed."""
+    model, batch = _call(path, kwargs)
+    shape = tuple(int(d) for d in batch.shape[1:])
+    if batch.dtype in _FLOATS:
+        return FactoryInput(batch_size=int(batch.shape[0]), shape=shape, dtype=None)
+    if batch.dtype == torch.bool:
+        return FactoryInput(batch_size=int(batch.shape[0]), shape=shape, dtype="bool")
+    low, high = int(batch.min()), int(batch.max()) + 1
+    return FactoryInput(batch_size=int(batch.shape[0]), shape=shape, dtype=_INTS[batch.dtype], low=low, high=high)
