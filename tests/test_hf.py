@@ -1,0 +1,100 @@
+"""pipeline.hf: transformers models from their config, token inputs, and bad input as one line."""
+
+import json
+
+import pytest
+import torch
+
+from pipeline.candidates import find_candidates
+from pipeline.core.errors import PipesplitError
+from pipeline.core.plan import SplitPlan, SplitPoint
+from pipeline.models import build_model, example_input, resolve_spec
+
+GPT2 = {"n_layer": 2, "n_embd": 32, "n_head": 2, "vocab_size": 128, "n_positions": 32}
+LLAMA = {"num_hidden_layers": 2, "hidden_size": 32, "intermediate_size": 64, "num_attention_heads": 2,
+         "num_key_value_heads": 1, "vocab_size": 128}
+
+
+def test_gpt2_takes_token_ids_and_returns_logits():
+    spec = resolve_spec("hf:gpt2", kwargs=GPT2, batch_size=2, seq_len=8)
+    assert (spec.source, spec.name, spec.label, spec.input_shape, spec.input_high) == ("hf", "gpt2", "hf:gpt2", (8,), 128)
+    x = example_input(spec)
+    assert x.dtype == torch.int64 and int(x.max()) < 128
+    with torch.no_grad():
+        assert build_model(spec)(x).shape == (2, 8, 128)
+
+
+@pytest.mark.parametrize("name, kwargs, stack", [("hf:gpt2", GPT2, "transformer.h."), ("hf:llama", LLAMA, "model.layers.")])
+def test_decoder_stacks_are_block_candidates_with_embeddings_and_head(name, kwargs, stack):
+    spec = resolve_spec(name, kwargs=kwargs, batch_size=2, seq_len=8)
+    blocks = find_candidates(build_model(spec), spec).blocks
+    assert [b for b in blocks if b.startswith(stack)] == [stack + "0", stack + "1"]
+    assert blocks[-1] == "lm_head" and ("embed" in blocks[0] or "wte" in blocks[0])
+
+
+def test_gpt2_ties_its_head_to_its_embedding():
+    model = build_model(resolve_spec("hf:gpt2", kwargs=GPT2, batch_size=2, seq_len=8))
+    assert model.lm_head.weight is model.transformer.wte.weight
+
+
+def test_the_spec_round_trips_through_json():
+    spec = resolve_spec("hf:gpt2", kwargs=GPT2, batch_size=2, seq_len=8)
+    plan = SplitPlan(model=spec, split_points=(SplitPoint("transformer.h.1"),), chunks=2)
+    again = SplitPlan.from_dict(json.loads(json.dumps(plan.to_dict())))
+    assert again.model == spec and torch.equal(example_input(again.model), example_input(spec))
+
+
+@pytest.mark.parametrize("name, kwargs, seq, message", [
+    ("hf:gtp2", {}, None, r"unknown transformers model type 'gtp2' \(did you mean hf:gpt2"),
+    ("hf:gpt2", {"n_layers": 2}, None, r"key 'n_layers' is not a setting of GPT2Config \(did you mean n_layer"),
+    ("hf:gpt2", {"n_embd": 30, "n_head": 4, "n_layer": 1}, None, "hf:gpt2"),
+    ("hf:gpt2", GPT2, 64, r"--seq-len 64 is over hf:gpt2's maximum of 32 positions"),
+    ("hf:gpt2", GPT2, 0, "--seq-len must be a positive integer"),
+])
+def test_bad_hf_input_is_one_line(name, kwargs, seq, message):
+    with pytest.raises(PipesplitError, match=message) as e:
+        resolve_spec(name, kwargs=kwargs, batch_size=2, seq_len=seq)
+    assert "\n" not in str(e.value)
+
+
+def test_missing_transformers_names_the_pip_command(monkeypatch):
+    import builtins
+
+    real = builtins.__import__
+
+    def no_transformers(name, *a, **k):
+        if name == "transformers" or name.startswith("transformers."):
+            raise ImportError(name)
+        return real(name, *a, **k)
+
+    monkeypatch.setattr(builtins, "__import__", no_transformers)
+    with pytest.raises(PipesplitError, match=r"pip install -e '\.\[hf\]'"):
+        resolve_spec("hf:gpt2", kwargs=GPT2)
+
+
+def _argv(name, kwargs):
+    return ["--model", name, "--model-kwargs", json.dumps(kwargs), "--seq-len", "8", "--batch-size", "4",
+            "--chunks", "2", "--repeats", "1", "--warmup", "0", "--no-serial-all"]
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("name, kwargs, cut, backend", [
+    ("hf:gpt2", GPT2, "transformer.h.1", "torch"), ("hf:llama", LLAMA, "model.layers.1", "pippy")])
+def test_two_stage_language_models_match_the_unsplit_model_and_rerun_from_their_plan(tmp_path, capsys, name, kwargs,
+                                                                                        cut, backend):
+    from pipeline.run import main
+
+    out = tmp_path / "best_split.json"
+    assert main([*_argv(name, kwargs), "--split-points", cut, "--backend", backend, "--out", str(out)]) == 0
+    saved = json.loads(out.read_text())
+    assert saved["model"]["source"] == "hf" and saved["measured"]["max_abs_diff"] <= 1e-4
+    assert main(["--split", str(out), "--repeats", "1", "--warmup", "0"]) == 0
+    assert "output check: max |diff|" in capsys.readouterr().out
+
+
+def test_model_and_factory_together_are_refused(capsys):
+    from pipeline.run import main
+
+    assert main(["--model", "hf:gpt2", "--model-factory", "x:y", "--stages", "2", "--policy", "uniform"]) == 2
+    assert "both name a model" in capsys.readouterr().err
