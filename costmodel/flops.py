@@ -32,7 +32,25 @@ EXTRA_HANDLES = {
 
 
 def count_flops(module: nn.Module, inputs: tuple[Any, ...]) -> int:
-    """Total MACs of ``module(*inputs)``, fused attention included."""
+    """Total MACs of ``module(*inputs)``, fused attention included: fvcore's count, or torch's own
+    ``FlopCounterMode`` where fvcore's jit trace fails on a model."""
+    try:
+        return fvcore_flops(module, inputs)
+    except Exception:  # noqa: BLE001 - fvcore traces with torch.jit, which some models do not survive
+        return torch_flops(module, inputs)
+
+
+def torch_flops(module: nn.Module, inputs: tuple[Any, ...]) -> int:
+    """MACs counted by ``torch.utils.flop_counter`` (it counts 2 flops per multiply-accumulate)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    with torch.no_grad(), FlopCounterMode(display=False) as counter:
+        module(*inputs)
+    return int(counter.get_total_flops()) // 2
+
+
+def fvcore_flops(module: nn.Module, inputs: tuple[Any, ...]) -> int:
+    """MACs counted by fvcore, with the fused-attention handles it lacks."""
     logging.getLogger("fvcore").setLevel(logging.ERROR)
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore")  # jit tracer and deprecation chatter; the count is what matters

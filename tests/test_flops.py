@@ -48,3 +48,20 @@ def test_sdpa_handle_counts_both_matmuls():
 
     q = V((2, 3, 5, 8))
     assert sdpa_flop_jit([q, q, q], []) == 2 * 3 * 5 * 5 * (8 + 8)
+
+
+def test_torch_fallback_counts_macs_like_fvcore(monkeypatch):
+    import torch
+    from torch import nn
+
+    from costmodel import flops
+
+    lin = nn.Linear(16, 8)
+    x = torch.randn(4, 16)
+    assert flops.torch_flops(lin, (x,)) == flops.fvcore_flops(lin, (x,)) == 4 * 16 * 8
+
+    def broken(*_a):
+        raise RuntimeError("jit cannot trace this")
+
+    monkeypatch.setattr(flops, "fvcore_flops", broken)
+    assert flops.count_flops(lin, (x,)) == 4 * 16 * 8

@@ -47,7 +47,7 @@ def test_cache_hit_then_reprofile(cached, tiny_spec):
 
 def test_json_round_trip_and_cli_table(cached, capsys, tmp_path):
     root, prof = cached
-    path = next(root.glob("*.json"))
+    path = next(root.glob(f"*-{prof.key}.json"))  # the fixture's own profile, not another test's in the same folder
     data = json.loads(path.read_text())
     assert {"total_flops", "segments"} <= set(data)
     assert {"fqn", "flops", "param_bytes", "out_bytes", "latency_s"} <= set(data["segments"][0])
