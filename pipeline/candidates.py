@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import difflib
+import functools
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -166,6 +167,7 @@ def find_candidates(model: nn.Module, spec: ModelSpec, granularity: str = "block
     order = {n: i for i, (k, n) in enumerate(once) if k == "B"}
     modules = dict(model.named_modules())
 
+    @functools.cache
     def first_use(fqn: str) -> int | None:
         """Where a module starts; a container that is never called itself (a ModuleList that forward loops
         over: GPT-2's ``transformer.h``, Llama's ``model.layers``) starts where its first child does."""

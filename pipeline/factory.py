@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from pipeline.core.errors import PipesplitError
+from pipeline.core.errors import PipesplitError, one_line
 
 __all__ = ["FactoryInput", "build_factory", "factory_input"]
 
@@ -65,8 +65,7 @@ def _function(path: str) -> Any:
     except PipesplitError:
         raise
     except Exception as e:  # noqa: BLE001 - the user's module failed to import
-        raise PipesplitError(f"--model-factory {path}: {where} does not import ({type(e).__name__}: "
-                             f"{str(e).strip().splitlines()[0][:200] if str(e).strip() else ''})") from None
+        raise PipesplitError(f"--model-factory {path}: {where} does not import ({one_line(e)})") from None
     fn = getattr(module, attr, None)
     if not callable(fn):
         raise PipesplitError(f"--model-factory {path}: {where} has no callable {attr!r}")
@@ -80,8 +79,7 @@ def _call(path: str, kwargs: dict[str, Any]) -> tuple[nn.Module, torch.Tensor]:
     except TypeError as e:
         raise PipesplitError(f"--model-factory {path} rejected --model-kwargs {kwargs}: {e}") from None
     except Exception as e:  # noqa: BLE001 - the user's factory failed
-        raise PipesplitError(f"--model-factory {path} failed: {type(e).__name__}: "
-                             f"{str(e).strip().splitlines()[0][:200] if str(e).strip() else ''}") from None
+        raise PipesplitError(f"--model-factory {path} failed: {one_line(e)}") from None
     contract = "return (model, example_batch): an nn.Module and a tensor whose first dimension is the batch"
     if not isinstance(got, tuple) or len(got) != 2 or not isinstance(got[0], nn.Module):
         raise PipesplitError(f"--model-factory {path} returned {type(got).__name__}: it must {contract}")

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from pipeline.core.errors import PipesplitError
+from pipeline.core.errors import PipesplitError, one_line
 
 __all__ = ["HFInput", "build_hf", "check_runs", "hf_input"]
 
@@ -63,12 +63,7 @@ def _config(model_type: str, kwargs: dict[str, Any]) -> Any:
     try:
         return tf.AutoConfig.for_model(model_type, **kwargs)
     except Exception as e:  # noqa: BLE001 - the config refused the user's values
-        raise PipesplitError(f"hf:{model_type} rejected --model-kwargs {kwargs}: {_first(e)}") from None
-
-
-def _first(e: BaseException) -> str:
-    lines = str(e).strip().splitlines()
-    return f"{type(e).__name__}: {lines[0][:300] if lines else ''}"
+        raise PipesplitError(f"hf:{model_type} rejected --model-kwargs {kwargs}: {one_line(e)}") from None
 
 
 def _model_class(model_type: str) -> Any:
@@ -106,7 +101,7 @@ def build_hf(model_type: str, kwargs: dict[str, Any]) -> nn.Module:
     try:
         model: nn.Module = _model_class(model_type).from_config(config)
     except Exception as e:  # noqa: BLE001 - a config that builds no model is the user's input problem
-        raise PipesplitError(f"hf:{model_type} cannot be built with --model-kwargs {kwargs}: {_first(e)}") from None
+        raise PipesplitError(f"hf:{model_type} cannot be built with --model-kwargs {kwargs}: {one_line(e)}") from None
     model.__class__ = _returns_logits(type(model))
     return model.eval()
 
@@ -135,7 +130,7 @@ def check_runs(model: nn.Module, model_type: str, vocab: int) -> None:
         with torch.no_grad():
             out = model(ids)
     except Exception as e:  # noqa: BLE001 - e.g. an encoder-decoder that needs decoder_input_ids
-        raise PipesplitError(f"hf:{model_type} does not run on token ids alone ({_first(e)}): wrap it in a "
+        raise PipesplitError(f"hf:{model_type} does not run on token ids alone ({one_line(e)}): wrap it in a "
                              "--model-factory that builds its inputs") from None
     if not isinstance(out, torch.Tensor):
         raise PipesplitError(f"hf:{model_type}'s first output is a {type(out).__name__}, not a tensor: wrap it in a "

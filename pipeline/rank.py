@@ -16,10 +16,10 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from pipeline.core.errors import one_line
 from pipeline.core.spec import ModelSpec
 from pipeline.instrument import CommClock, Peak, hook_torch_p2p
 from pipeline.models import build_model
-from pipeline.stages import error_line
 from pipeline.traces import TraceCache
 
 __all__ = ["RankState", "WorkerConfig", "gpu_index", "join_group", "one_line"]
@@ -36,11 +36,6 @@ class WorkerConfig:
     threads: int = 1
     local_rank: int | None = None
     """This rank's GPU index on its host (torchrun's LOCAL_RANK); the rank modulo the GPU count otherwise."""
-
-
-def one_line(e: BaseException) -> str:
-    """An exception as one line: its type and the first line of its message (its cause's where that is empty)."""
-    return error_line(e)
 
 
 def gpu_index(rank: int, cfg: WorkerConfig) -> int:

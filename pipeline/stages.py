@@ -11,7 +11,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from pipeline.core.plan import SplitPlan
+from pipeline.core.errors import one_line
+from pipeline.core.plan import BACKENDS, SplitPlan
 from pipeline.traces import TraceCache
 
 
@@ -128,17 +129,8 @@ def _build_pippy(plan: SplitPlan, model: nn.Module, x: torch.Tensor, rank: int, 
 
 
 def other_backend(backend: str) -> str:
-    return "pippy" if backend == "torch" else "torch"
-
-
-def error_line(e: BaseException) -> str:
-    """An exception's type and first line, with its cause's where torch's own line only says "failed:"."""
-    text = str(e).strip().splitlines()
-    line = f"{type(e).__name__}: {text[0] if text else ''}".rstrip()
-    cause = e.__cause__ or e.__context__
-    if cause is not None and (line.endswith(":") or not text):
-        line = f"{line.rstrip(':')}: {error_line(cause)}"
-    return line[:400]
+    """The backend to suggest when ``backend`` cannot trace or run a model."""
+    return next(b for b in BACKENDS if b != backend)
 
 
 def _explained(built: BuiltStage, plan: SplitPlan) -> BuiltStage:
@@ -150,7 +142,7 @@ def _explained(built: BuiltStage, plan: SplitPlan) -> BuiltStage:
             return step(inp)
         except Exception as e:  # noqa: BLE001 - re-raised as one line with the fix
             raise RuntimeError(f"{plan.backend} backend cannot run {plan.model.label} cut at "
-                               f"[{', '.join(plan.split_spec())}]: {error_line(e)}; try --backend "
+                               f"[{', '.join(plan.split_spec())}]: {one_line(e)}; try --backend "
                                f"{other_backend(plan.backend)}") from e
 
     built.step = run

@@ -24,13 +24,13 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from pipeline.core.errors import PipesplitError
+from pipeline.core.errors import PipesplitError, one_line
 from pipeline.core.plan import SplitPlan
 from pipeline.instrument import CommClock, CommSpan, ComputeClock, Span, hook_pippy_p2p, quiet_stderr
 from pipeline.messages import ErrorReply, TrialOptions, TrialReply
 from pipeline.models import example_input
 from pipeline.rank import RankState
-from pipeline.stages import BuiltStage, build_stage, error_line, other_backend
+from pipeline.stages import BuiltStage, build_stage, other_backend
 
 __all__ = ["run_trial"]
 
@@ -85,7 +85,7 @@ def run_trial(state: RankState, plan: SplitPlan, opts: TrialOptions) -> TrialRep
                                                              traces=state.traces if opts.cached_trace else None)
     except Exception as e:  # noqa: BLE001 - reported as the trial's reason
         cuts = ", ".join(plan.split_spec())
-        error = (f"rank {rank} could not build its stage for cuts [{cuts}]: {error_line(e)}"
+        error = (f"rank {rank} could not build its stage for cuts [{cuts}]: {one_line(e)}"
                  + (f"; try --backend {other_backend(plan.backend)}" if not isinstance(e, PipesplitError) else ""))
     errors: list[Any] = [None] * state.world
     dist.all_gather_object(errors, error)
