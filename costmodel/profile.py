@@ -27,11 +27,12 @@ import torch
 from costmodel.flops import count_flops
 from costmodel.link import fit_link
 from costmodel.types import Link, Machine, Profile, Segment
+from pipeline.batch import example_input, rows
 from pipeline.candidates import find_candidates
 from pipeline.core.errors import PipesplitError
 from pipeline.core.spec import ModelSpec
 from pipeline.messages import SegmentReply
-from pipeline.models import build_model, example_input
+from pipeline.models import build_model
 from pipeline.pool import StagePool
 from pipeline.probes import SegmentRunner, stage_targets, time_segments, trace_all_cuts
 
@@ -46,11 +47,11 @@ def segment_flops(spec: ModelSpec, granularity: str, m: int) -> list[int]:
     """Multiply-accumulates per sample of every candidate segment, counted at microbatch size ``m``."""
     model = build_model(spec)
     cands = find_candidates(model, spec, granularity)
-    x = example_input(spec)[:m]
+    x = rows(example_input(spec), m)
     gm = trace_all_cuts(model, cands, x)
     runner = SegmentRunner(gm, lambda: None)
     with torch.no_grad():
-        runner.run(x)
+        runner.run(*x)
     mods = dict(gm.named_children())
     return [count_flops(mods[t], runner.inputs[t]) // m for t in stage_targets(gm)]
 

@@ -11,6 +11,7 @@ from typing import Any
 
 from torch import nn
 
+from pipeline.batch import example_input, rows
 from pipeline.core.errors import PipesplitError
 from pipeline.core.plan import SplitPlan, SplitPoint
 from pipeline.core.policies import PolicyInputs, policy
@@ -157,9 +158,7 @@ def find_candidates(model: nn.Module, spec: ModelSpec, granularity: str = "block
     """Run ``model`` once on one sample and list where it can be cut at ``granularity``."""
     if granularity not in GRANULARITIES:
         raise PipesplitError(f"granularity {granularity!r} is unknown: use one of {', '.join(GRANULARITIES)}")
-    from pipeline.models import example_input
-
-    x = example_input(spec)[:1]
+    x = rows(example_input(spec), 1)
     raw = call_events(model, x)
     counts = Counter(n for k, n in raw if k == "B")
     once = [(k, n) for k, n in raw if counts[n] == 1 and n != ""]

@@ -9,7 +9,7 @@ from typing import Any, NoReturn
 
 from pipeline.candidates import GRANULARITIES
 from pipeline.core.errors import PipesplitError
-from pipeline.core.plan import BACKENDS, DEVICES, SCHEDULES
+from pipeline.core.plan import BACKENDS, DEVICES, MODES, OPTIMIZERS, SCHEDULES
 from pipeline.core.spec import DTYPES, ModelSpec
 
 DEFAULT_MODEL = "deit_small_patch16_224"
@@ -54,6 +54,14 @@ def add_runtime_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--device", default=None, choices=DEVICES, help="cpu (gloo, default) or cuda (NCCL, a GPU per stage)")
     g.add_argument("--threads-per-stage", type=int, default=None,
                    help="intra-op threads per stage process (default: cores // stages, at least 1)")
+    g.add_argument("--stages-per-rank", type=int, default=None, metavar="V",
+                   help="virtual stages per rank for the multi-stage schedules (Interleaved1F1B, LoopedBFS, "
+                        "InterleavedZeroBubble: any V; ZBVZeroBubble, DualPipeV: 2); --stages counts all stages")
+    g.add_argument("--mode", default=None, choices=MODES,
+                   help="'infer' (forward only, default) or 'train' (forward, loss, backward and an optimizer step; "
+                        "loss and gradients are checked against the serial step)")
+    g.add_argument("--optimizer", default=None, choices=OPTIMIZERS,
+                   help="optimizer of a training step on every stage and the serial model (default adamw)")
 
 
 MODEL_FLAGS = ("model", "model_factory", "model_kwargs", "image_size", "seq_len", "batch_size", "dtype", "checkpoint",

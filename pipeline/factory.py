@@ -1,10 +1,11 @@
 """Models from a user's own callable: ``my_pkg.models:build`` or ``path/to/file.py:build``.
 
 The contract: ``build(**kwargs)`` returns ``(model, example_batch)``, where ``model`` is an ``nn.Module``
-and ``example_batch`` is the whole batch it runs on: one tensor (or a tuple holding one tensor) whose first
-dimension is the batch. Every rank calls it with the same kwargs after seeding torch, and pipesplit
-regenerates a batch of that shape, dtype and value range from the seed (floats from N(0, 1), integers
-uniformly within the example's own range), so every trial, profile and check sees the same batch.
+and ``example_batch`` is the whole batch it runs on: one tensor, or a tuple of tensors that the forward takes
+as positional arguments (token ids and an attention mask), each with the batch as its first dimension.
+Every rank calls it with the same kwargs after seeding torch, and pipesplit regenerates a batch of those
+shapes, dtypes and value ranges from the seed (floats from N(0, 1), integers uniformly within the
+example's own range, bool as ones), so every trial, profile and check sees the same batch.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import torch
 from torch import nn
 
 from pipeline.core.errors import PipesplitError, one_line
+from pipeline.core.spec import TensorSpec
 
 __all__ = ["FactoryInput", "build_factory", "factory_input"]
 
@@ -29,13 +31,10 @@ _INTS = {torch.int64: "int64", torch.int32: "int32"}
 
 @dataclass(frozen=True, kw_only=True)
 class FactoryInput:
-    """The example batch, described: per-sample shape, dtype (None: float) and integer range."""
+    """The example batch, described: its size and each input's per-sample shape, dtype and integer range."""
 
     batch_size: int
-    shape: tuple[int, ...]
-    dtype: str | None
-    low: int = 0
-    high: int | None = None
+    inputs: tuple[TensorSpec, ...]
 
 
 def _function(path: str) -> Any:
@@ -72,7 +71,7 @@ def _function(path: str) -> Any:
     return fn
 
 
-def _call(path: str, kwargs: dict[str, Any]) -> tuple[nn.Module, torch.Tensor]:
+def _call(path: str, kwargs: dict[str, Any]) -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
     fn = _function(path)
     try:
         got = fn(**kwargs)
@@ -80,21 +79,25 @@ def _call(path: str, kwargs: dict[str, Any]) -> tuple[nn.Module, torch.Tensor]:
         raise PipesplitError(f"--model-factory {path} rejected --model-kwargs {kwargs}: {e}") from None
     except Exception as e:  # noqa: BLE001 - the user's factory failed
         raise PipesplitError(f"--model-factory {path} failed: {one_line(e)}") from None
-    contract = "return (model, example_batch): an nn.Module and a tensor whose first dimension is the batch"
+    contract = ("return (model, example_batch): an nn.Module and a tensor (or a tuple of tensors) whose first "
+                "dimension is the batch")
     if not isinstance(got, tuple) or len(got) != 2 or not isinstance(got[0], nn.Module):
         raise PipesplitError(f"--model-factory {path} returned {type(got).__name__}: it must {contract}")
     model, batch = got
-    if isinstance(batch, (tuple, list)) and len(batch) == 1:
-        batch = batch[0]
-    if isinstance(batch, (tuple, list)):
-        raise PipesplitError(f"--model-factory {path} returned {len(batch)} input tensors: pipesplit pipelines one "
-                             "input tensor today; wrap the model so that its forward takes one tensor")
-    if not isinstance(batch, torch.Tensor) or batch.dim() < 1:
-        raise PipesplitError(f"--model-factory {path}'s example batch is a {type(batch).__name__}: it must {contract}")
-    if batch.dtype not in _FLOATS and batch.dtype not in _INTS and batch.dtype != torch.bool:
-        raise PipesplitError(f"--model-factory {path}'s example batch has dtype {batch.dtype}: use a float, "
-                             "int64, int32 or bool tensor")
-    return model, batch
+    tensors = tuple(batch) if isinstance(batch, (tuple, list)) else (batch,)
+    if not tensors:
+        raise PipesplitError(f"--model-factory {path}'s example batch is empty: it must {contract}")
+    for i, t in enumerate(tensors):
+        which = f"example batch{f' input {i}' if len(tensors) > 1 else ''}"
+        if not isinstance(t, torch.Tensor) or t.dim() < 1:
+            raise PipesplitError(f"--model-factory {path}'s {which} is a {type(t).__name__}: it must {contract}")
+        if t.dtype not in _FLOATS and t.dtype not in _INTS and t.dtype != torch.bool:
+            raise PipesplitError(f"--model-factory {path}'s {which} has dtype {t.dtype}: use a float, "
+                                 "int64, int32 or bool tensor")
+        if t.shape[0] != tensors[0].shape[0]:
+            raise PipesplitError(f"--model-factory {path}'s example batch input {i} has {t.shape[0]} samples, input 0 "
+                                 f"has {tensors[0].shape[0]}: every input's first dimension is the batch")
+    return model, tensors
 
 
 def build_factory(path: str, kwargs: dict[str, Any]) -> nn.Module:
@@ -104,11 +107,14 @@ def build_factory(path: str, kwargs: dict[str, Any]) -> nn.Module:
 
 def factory_input(path: str, kwargs: dict[str, Any]) -> FactoryInput:
     """The factory's example batch, described so that any rank regenerates one like it from a seed."""
-    model, batch = _call(path, kwargs)
-    shape = tuple(int(d) for d in batch.shape[1:])
-    if batch.dtype in _FLOATS:
-        return FactoryInput(batch_size=int(batch.shape[0]), shape=shape, dtype=None)
-    if batch.dtype == torch.bool:
-        return FactoryInput(batch_size=int(batch.shape[0]), shape=shape, dtype="bool")
-    low, high = int(batch.min()), int(batch.max()) + 1
-    return FactoryInput(batch_size=int(batch.shape[0]), shape=shape, dtype=_INTS[batch.dtype], low=low, high=high)
+    _, batch = _call(path, kwargs)
+    return FactoryInput(batch_size=int(batch[0].shape[0]), inputs=tuple(_described(t) for t in batch))
+
+
+def _described(t: torch.Tensor) -> TensorSpec:
+    shape = tuple(int(d) for d in t.shape[1:])
+    if t.dtype in _FLOATS:
+        return TensorSpec(shape=shape)
+    if t.dtype == torch.bool:
+        return TensorSpec(shape=shape, dtype="bool")
+    return TensorSpec(shape=shape, dtype=_INTS[t.dtype], low=int(t.min()), high=int(t.max()) + 1)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import sys
 import time
+from collections.abc import Sequence
 from typing import Any, Protocol
 
 import torch
@@ -55,12 +56,14 @@ class Peak:
 class ComputeClock:
     """Forward hooks on the stage module: compute spans per microbatch and the bytes it outputs."""
 
-    def __init__(self, module: nn.Module, device: torch.device) -> None:
+    def __init__(self, modules: nn.Module | Sequence[nn.Module], device: torch.device) -> None:
         self.cuda = device.type == "cuda"
         self.spans: list[tuple[Any, Any]] = []
         self.out_bytes = 0
         self._start: Any = None
-        self._handles = [module.register_forward_pre_hook(self._pre), module.register_forward_hook(self._post)]
+        mods = [modules] if isinstance(modules, nn.Module) else list(modules)
+        self._handles = [h for m in mods for h in (m.register_forward_pre_hook(self._pre),
+                                                   m.register_forward_hook(self._post))]
 
     def now(self) -> Any:
         """A time stamp on this rank's clock: a recorded CUDA event, or ``perf_counter`` on CPU."""

@@ -91,6 +91,9 @@ class TrialReply:
     trace: str | None = None
     phases: tuple[float, float, float, float] = (0.0, 0.0, 0.0, 0.0)
     """Seconds this rank spent to build (until every rank had built), check, warm up and time."""
+    actions: tuple[str, ...] = ()
+    """This rank's forwards and backwards in the order the last run ran them (``0F1``: stage 0's forward of
+    microbatch 1; ``1B0``: stage 1's backward of microbatch 0); torch backend only."""
 
 
 @dataclass(frozen=True, kw_only=True)

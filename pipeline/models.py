@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from pipeline.core.errors import PipesplitError
-from pipeline.core.spec import ModelSpec
+from pipeline.core.spec import ModelSpec, TensorSpec
 
 
 def _check_name(name: str) -> None:
@@ -113,8 +113,8 @@ def resolve_spec(
         from pipeline.factory import factory_input
 
         ex = factory_input(name, kwargs)
-        return ModelSpec(batch_size=ex.batch_size if batch_size is None else batch_size, input_shape=ex.shape,
-                         input_dtype=ex.dtype, input_low=ex.low, input_high=ex.high, **common)
+        return _with_inputs(ModelSpec(batch_size=ex.batch_size if batch_size is None else batch_size, **common),
+                            ex.inputs)
     model = _create_timm(name, kwargs)
     shape, fixed = _native_input_shape(model, kwargs)
     if image_size is not None:
@@ -143,8 +143,7 @@ def fit_input(spec: ModelSpec, *, given: bool) -> ModelSpec:
             return spec
         from pipeline.factory import factory_input
 
-        ex = factory_input(spec.name, dict(spec.kwargs))
-        return replace(spec, input_shape=ex.shape, input_dtype=ex.dtype, input_low=ex.low, input_high=ex.high)
+        return _with_inputs(spec, factory_input(spec.name, dict(spec.kwargs)).inputs)
     model = _create_timm(spec.name, dict(spec.kwargs))
     native, fixed = _native_input_shape(model, dict(spec.kwargs))
     if not given:
@@ -155,6 +154,13 @@ def fit_input(spec: ModelSpec, *, given: bool) -> ModelSpec:
         raise PipesplitError(f"model.input_shape {list(shape)} does not fit {spec.name} with kwargs "
                              f"{dict(spec.kwargs)}: it takes {need}; fix input_shape or leave it out to derive it")
     return spec
+
+
+def _with_inputs(spec: ModelSpec, inputs: tuple[TensorSpec, ...]) -> ModelSpec:
+    """``spec`` fed ``inputs``: the first in the spec's own input fields, the rest as its extra inputs."""
+    first = inputs[0]
+    return replace(spec, input_shape=first.shape, input_dtype=first.dtype, input_low=first.low,
+                   input_high=first.high, extra_inputs=inputs[1:])
 
 
 def torch_dtype(spec: ModelSpec) -> torch.dtype:
@@ -197,17 +203,3 @@ def _load_checkpoint(model: nn.Module, path: str, name: str) -> None:
         if result.unexpected_keys:
             parts.append(f"{len(result.unexpected_keys)} unexpected key(s), first {result.unexpected_keys[0]!r}")
         raise PipesplitError(f"checkpoint {path} does not fit {name}: {'; '.join(parts)}")
-
-
-def example_input(spec: ModelSpec, device: str | torch.device = "cpu") -> torch.Tensor:
-    """The whole batch every rank generates identically from the seed."""
-    g = torch.Generator().manual_seed(spec.seed + 1)
-    shape = (spec.batch_size, *spec.input_shape)
-    if spec.input_dtype == "bool":
-        return torch.ones(shape, dtype=torch.bool, device=device)
-    if spec.input_dtype is not None:
-        high = spec.input_high if spec.input_high is not None else spec.input_low + 1
-        x = torch.randint(spec.input_low, high, shape, generator=g, dtype=torch.int64)
-        return x.to(device=device, dtype=getattr(torch, spec.input_dtype))
-    x = torch.randn(shape, generator=g)
-    return x.to(device=device, dtype=torch_dtype(spec))

@@ -47,8 +47,9 @@ class Pool(Protocol):
 
 def check_trial_args(plan: SplitPlan, stages: int, device: str, opts: TrialOptions) -> None:
     """Refuse a plan this pool cannot run, or options it cannot use, in one line."""
-    if plan.stages != stages:
-        raise PipesplitError(f"plan has {plan.stages} stages but the pool has {stages}: start a pool per stage count")
+    if plan.ranks != stages:
+        per = f" ({plan.stages_per_rank} per rank)" if plan.stages_per_rank > 1 else ""
+        raise PipesplitError(f"plan runs on {plan.ranks} ranks{per} but the pool has {stages}: start a pool per rank count")
     if plan.device != device:
         raise PipesplitError(f"plan is for {plan.device} but the pool runs on {device}")
     if opts.repeats < 1 or opts.warmup < 0:
@@ -110,6 +111,7 @@ def result_from_replies(plan: SplitPlan, replies: Sequence[Reply], wall: float) 
         events=tuple(tuple(ev) for ev in _aligned(ranks, "events")),
         comm_events=tuple(tuple(ev) for ev in _aligned(ranks, "comm_events")),
         traces=tuple(d.trace for d in ranks if d.trace),
+        extra={"actions": [list(d.actions) for d in ranks]} if any(d.actions for d in ranks) else {},
     ), False
 
 

@@ -19,11 +19,12 @@ import torch
 import torch.distributed as dist
 from torch import fx
 
+from pipeline.batch import Batch, example_input, rows
 from pipeline.candidates import Candidates, find_candidates
 from pipeline.core.errors import PipesplitError
 from pipeline.core.spec import ModelSpec
 from pipeline.messages import LinkReply, SegmentReply
-from pipeline.models import build_model, example_input
+from pipeline.models import build_model
 from pipeline.stages import use_codegen
 
 __all__ = ["SegmentRunner", "ping_pong", "stage_targets", "time_segments", "timed_repeats", "trace_all_cuts"]
@@ -91,11 +92,11 @@ def crossing_bytes(gm: fx.GraphModule, values: dict[str, Any], n_stages: int) ->
     return cross[1:]
 
 
-def trace_all_cuts(model: torch.nn.Module, cands: Candidates, x: torch.Tensor) -> fx.GraphModule:
+def trace_all_cuts(model: torch.nn.Module, cands: Candidates, x: Batch) -> fx.GraphModule:
     """The model traced with a cut before every candidate block: one stage module per segment."""
     from torch.distributed.pipelining import SplitPoint, pipeline
 
-    pipe = pipeline(copy.deepcopy(model), mb_args=(x,), split_spec={f: SplitPoint.BEGINNING for f in cands.cuts})
+    pipe = pipeline(copy.deepcopy(model), mb_args=x, split_spec={f: SplitPoint.BEGINNING for f in cands.cuts})
     if pipe.num_stages != len(cands.blocks):
         raise PipesplitError(f"tracing every cut gave {pipe.num_stages} segments, expected {len(cands.blocks)}")
     use_codegen(pipe.split_gm)
@@ -126,7 +127,7 @@ def time_segments(spec: ModelSpec, *, granularity: str, micro: Sequence[int], re
     cross: tuple[int, ...] = ()
     params: tuple[int, ...] = ()
     for m in micro:
-        gm = trace_all_cuts(model, cands, x_all[:m])
+        gm = trace_all_cuts(model, cands, rows(x_all, m))
         runner = SegmentRunner(gm, sync)
         names = stage_targets(gm)
         samples: list[list[float]] = [[] for _ in range(n)]
@@ -134,7 +135,7 @@ def time_segments(spec: ModelSpec, *, granularity: str, micro: Sequence[int], re
             together()
         with torch.no_grad():
             for i in range(warmup + timed_repeats(repeats, m, spec.batch_size)):
-                runner.run(x_all[:m])
+                runner.run(*rows(x_all, m))
                 if i >= warmup:
                     for k in range(n):
                         samples[k].append(runner.times[names[k]])

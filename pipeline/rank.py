@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -16,11 +17,13 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from pipeline.batch import Batch
 from pipeline.core.errors import one_line
 from pipeline.core.spec import ModelSpec
 from pipeline.instrument import CommClock, Peak, hook_torch_p2p
 from pipeline.models import build_model
 from pipeline.traces import TraceCache
+from pipeline.training import Reference, reference
 
 __all__ = ["RankState", "WorkerConfig", "gpu_index", "join_group", "one_line"]
 
@@ -53,6 +56,8 @@ class RankState:
         self.device = torch.device(f"cuda:{gpu_index(rank, cfg)}") if cfg.device == "cuda" else torch.device("cpu")
         self.models: dict[str, nn.Module] = {}
         self.refs: dict[str, torch.Tensor] = {}
+        self.grad_refs: dict[str, Reference] = {}
+        """The serial training step's loss and gradients per model, for every training trial's check."""
         self.warm: set[tuple[str, int]] = set()
         self.traces = TraceCache()
         """The model's exports, reused to build torch-backend stages (``pipeline.traces``)."""
@@ -72,13 +77,21 @@ class RankState:
             self.models.clear()
             self.kept = None
             self.refs.clear()
+            self.grad_refs.clear()
             self.warm.clear()
             self.traces = TraceCache()
             self.models[spec.key] = build_model(spec).to(self.device)
         return self.models[spec.key]
 
-    def serial(self, model: nn.Module, x: torch.Tensor, threads: int | None) -> float:
-        """Time the unsplit model on rank 0 while every other rank waits in the barrier (NaN elsewhere)."""
+    def reference(self, spec: ModelSpec, model: nn.Module, x: Batch, target: torch.Tensor) -> Reference:
+        """The serial training step's loss and gradients for ``spec``'s batch, computed once per model."""
+        if spec.key not in self.grad_refs:
+            self.grad_refs[spec.key] = reference(model, x, target)
+        return self.grad_refs[spec.key]
+
+    def serial(self, work: Callable[[], object], threads: int | None) -> float:
+        """Time ``work`` (the unsplit model's forward, or its training step) on rank 0 while every other rank
+        waits in the barrier (NaN elsewhere)."""
         dist.barrier()
         elapsed = float("nan")
         if self.rank == 0:
@@ -87,7 +100,7 @@ class RankState:
                 torch.set_num_threads(threads)
             self.sync()
             t = time.perf_counter()
-            model(x)
+            work()
             self.sync()
             elapsed = time.perf_counter() - t
             torch.set_num_threads(before)

@@ -61,7 +61,7 @@ def run_plan(plan: SplitPlan, cfg: RunConfig) -> TrialResult:
     """Measure ``plan`` once on a fresh pool (the torchrun ranks under torchrun)."""
     from pipeline.launch import open_pool
 
-    with open_pool(plan.stages, device=plan.device, threads_per_stage=plan.threads_per_stage) as pool:
+    with open_pool(plan.ranks, device=plan.device, threads_per_stage=plan.threads_per_stage) as pool:
         return pool.run(plan, repeats=cfg.repeats, warmup=cfg.warmup, timeout_s=cfg.timeout_s,
                         serial_all=cfg.serial_all, trace_dir=cfg.trace_dir)
 
@@ -115,9 +115,14 @@ def plan_from_args(args: argparse.Namespace) -> SplitPlan:
         plan = SplitPlan.from_dict(raw)
         # a plan without model.input_shape (hand-written, or from another tool) runs at the model's own size
         plan = dataclasses.replace(plan, model=fit_input(plan.model, given="input_shape" in raw["model"]))
-        device = resolve_device(plan.device, plan.stages)
+        device = resolve_device(plan.device, plan.ranks)
         if device != plan.device:
             plan = dataclasses.replace(plan, device=device)
+        # the saved cuts measured another way: as training, or on another schedule
+        changes = {k: getattr(args, k) for k in ("mode", "optimizer", "schedule", "stages_per_rank")
+                   if getattr(args, k) is not None}
+        if changes:
+            plan = dataclasses.replace(plan, **changes)
         cands = find_candidates(build_model(plan.model), plan.model, args.granularity)
         cands.validate(plan)
         return plan
@@ -137,12 +142,14 @@ def plan_from_args(args: argparse.Namespace) -> SplitPlan:
                 f"--stages {args.stages} does not match {len(points)} split points ({len(points) + 1} stages): "
                 "give stages - 1 split points"
             )
-    stages = len(points) + 1
+    per_rank = args.stages_per_rank or 1
+    ranks = max(1, (len(points) + 1) // per_rank)
     plan = SplitPlan(
         model=spec, split_points=points, chunks=1 if args.chunks is None else args.chunks,
         backend=args.backend or "torch", schedule=args.schedule or "GPipe",
-        device=resolve_device(args.device or "cpu", stages),
-        threads_per_stage=args.threads_per_stage or default_threads(stages),
+        device=resolve_device(args.device or "cpu", ranks),
+        threads_per_stage=args.threads_per_stage or default_threads(ranks),
+        stages_per_rank=per_rank, mode=args.mode or "infer", optimizer=args.optimizer or "adamw",
     )
     cands.validate(plan)
     return plan
@@ -154,8 +161,9 @@ def format_result(result: TrialResult) -> str:
     if not result.ok:
         return f"trial failed: {result.reason}"
     lo, hi = result.speedup_spread
-    lines.append(f"speedup {result.speedup:.2f}x (spread {lo:.2f}-{hi:.2f} over {len(result.pipeline_s)} repeats) "
-                 "vs the serial model on one stage's threads")
+    step = " of training steps" if result.plan.mode == "train" else ""
+    lines.append(f"speedup{step} {result.speedup:.2f}x (spread {lo:.2f}-{hi:.2f} over {len(result.pipeline_s)} "
+                 "repeats) vs the serial model on one stage's threads")
     if result.serial_all_s:
         lines.append(f"speedup {result.speedup_all:.2f}x vs the serial model on all the pipeline's threads")
     lines.append("repeat  serial_s  pipeline_s" + ("  serial_all_s" if result.serial_all_s else ""))
@@ -166,7 +174,11 @@ def format_result(result: TrialResult) -> str:
     for r, (c, w) in enumerate(zip(result.stage_compute_s, result.stage_comm_s)):
         sent = f"{result.boundary_bytes[r] / 2**20:9.2f}" if r < len(result.boundary_bytes) else "        -"
         lines.append(f"{r:5d}  {c:9.3f}  {w:11.3f}  {result.peak_mem_bytes[r] / 2**20:12.0f}  {sent}")
-    lines.append(f"output check: max |diff| {result.max_abs_diff:.2e} <= {result.tolerance:.1e}")
+    if result.plan.mode == "train":
+        lines.append(f"training step check (loss and every gradient vs the serial step; the worst, relative to its "
+                     f"scale): max |diff| {result.max_abs_diff:.2e} <= {result.tolerance:.1e}")
+    else:
+        lines.append(f"output check: max |diff| {result.max_abs_diff:.2e} <= {result.tolerance:.1e}")
     if result.breakdown is not None:
         b = result.breakdown
         lines.append(f"trial {result.wall_s:.1f}s: {b.describe()}; fixed cost {b.fixed_s / b.total_s:.0%}")

@@ -4,27 +4,36 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
+from pipeline.batch import Batch, first_chunk
 from pipeline.core.errors import one_line
-from pipeline.core.plan import BACKENDS, SplitPlan
+from pipeline.core.plan import BACKENDS, MULTI_SCHEDULES, SplitPlan
 from pipeline.traces import TraceCache
+from pipeline.training import aliases, loss_fn, make_optimizer, sum_shared_grads
 
 
 @dataclass
 class BuiltStage:
-    """A rank's stage, ready to run whole batches: ``step(x)`` returns the output on the last rank."""
+    """A rank's stage, ready to run whole batches: ``step(batch)`` returns the output on the last rank."""
 
-    module: nn.Module
-    """The stage's own submodule, hooked to time compute."""
-    step: Callable[[torch.Tensor | None], Any]
+    modules: list[nn.Module]
+    """The rank's own stage submodules (one, or ``stages_per_rank``), hooked to time compute."""
+    step: Callable[[Batch | None], Any]
     runtime: Any = None
     """The runtime object that sends and receives (torchpippy's PipelineStage; the schedule for torch)."""
+    params: list[tuple[str, nn.Parameter]] = field(default_factory=list)
+    """Training: this stage's parameters by their name in the unsplit model (a tied copy by its first name)."""
+    update: Callable[[], None] | None = None
+    """Training: the optimizer step that follows ``step``'s forward and backward."""
+    actions: list[str] = field(default_factory=list)
+    """This rank's actions in the order its last ``step`` ran them, as torch names them: ``1F0`` stage 1's
+    forward of microbatch 0, ``B`` a whole backward, ``I``/``W`` its input and weight halves (zero bubble)."""
 
 
 def _fresh(model: nn.Module) -> nn.Module:
@@ -81,33 +90,118 @@ def _names_self(module: nn.Module) -> bool:
     return graph is not None and any(node.name == "self" for node in graph.nodes)
 
 
-def _build_torch(plan: SplitPlan, model: nn.Module, x: torch.Tensor, rank: int, device: torch.device,
-                 group: dist.ProcessGroup | None, traces: TraceCache | None = None) -> BuiltStage:
+def _build_torch(plan: SplitPlan, model: nn.Module, x: Batch, rank: int, device: torch.device,
+                 group: dist.ProcessGroup | None, traces: TraceCache | None = None,
+                 target: torch.Tensor | None = None) -> BuiltStage:
     from torch.distributed.pipelining import SplitPoint, pipeline
     from torch.distributed.pipelining.schedules import get_schedule_class
 
     spec = {fqn: getattr(SplitPoint, kind) for fqn, kind in plan.split_spec().items()}
-    mb = x.chunk(plan.chunks)[0]
-    # Trace with autograd on: tracing under no_grad breaks torch's unflatten on some versions.
-    pipe = traces.pipe(plan.model.key, model, mb, plan.split_spec()) if traces is not None else None
+    mb = first_chunk(x, plan.chunks)
+    train = plan.mode == "train"
+    # Trace with autograd on: tracing under no_grad breaks torch's unflatten on some versions. A training stage
+    # owns its parameters: never one from the cache, whose stages share the cached export's.
+    pipe = traces.pipe(plan.model.key, model, mb, plan.split_spec()) if traces is not None and not train else None
     if pipe is None:
-        pipe = pipeline(_fresh(model), mb_args=(mb,), split_spec=spec)
+        pipe = pipeline(_fresh(model), mb_args=mb, split_spec=spec)
     if pipe.num_stages != plan.stages:
         raise RuntimeError(f"tracing produced {pipe.num_stages} stages, the plan has {plan.stages}")
     contiguous_receives(pipe.split_gm)
-    stage = pipe.build_stage(rank, device, group)
+    order = first_stage_order(pipe.split_gm)
+    held = plan.rank_stages(rank)
+    built = [pipe.build_stage(i, device, group) for i in held]
     del pipe
-    use_codegen(stage.submod)
-    schedule = get_schedule_class(plan.schedule)(stage, n_microbatches=plan.chunks)
+    ran: list[str] = []
+    for st in built:
+        use_codegen(st.submod)
+        st.submod.register_forward_hook(_contiguous)
+        _record(st, ran)
+    cls = get_schedule_class(plan.schedule)
+    loss = loss_fn if train else None
+    if plan.schedule in MULTI_SCHEDULES:
+        schedule = cls(built, n_microbatches=plan.chunks, loss_fn=loss)
+    else:
+        schedule = cls(built[0], n_microbatches=plan.chunks, loss_fn=loss)
+    first, last = 0 in held, plan.stages - 1 in held
+    modules = [st.submod for st in built]
 
-    def step(inp: torch.Tensor | None) -> Any:
-        return schedule.step(inp) if rank == 0 else schedule.step()
+    def args(inp: Batch | None) -> tuple[torch.Tensor, ...]:
+        ran.clear()
+        return tuple(inp[i] for i in order) if first and inp is not None else ()
 
-    stage.submod.register_forward_hook(_contiguous)
-    return BuiltStage(module=stage.submod, step=step, runtime=schedule)
+    if train:
+        built_stage = _trainer(plan, model, modules, schedule, args, last, target)
+    else:
+        def step(inp: Batch | None) -> Any:
+            return schedule.step(*args(inp))
+
+        built_stage = BuiltStage(modules=modules, step=step, runtime=schedule)
+    built_stage.actions = ran
+    return built_stage
 
 
-def _build_pippy(plan: SplitPlan, model: nn.Module, x: torch.Tensor, rank: int, device: torch.device,
+def _record(stage: Any, ran: list[str]) -> None:
+    """Log each forward and backward that the schedule runs on ``stage``, in order: what ran, not what the
+    schedule object's ``pipeline_order`` lists (torch 2.14's 1F1B lists its last rank's microbatches as 1..n)."""
+    i = stage.stage_index
+    fwd, bwd, wgt = stage.forward_one_chunk, stage.backward_one_chunk, getattr(stage, "backward_weight_one_chunk", None)
+
+    def forward_one_chunk(chunk: int, *a: Any, **k: Any) -> Any:
+        ran.append(f"{i}F{chunk}")
+        return fwd(chunk, *a, **k)
+
+    def backward_one_chunk(chunk: int, *a: Any, **k: Any) -> Any:
+        full = k.get("full_backward", a[1] if len(a) > 1 else True)
+        ran.append(f"{i}{'B' if full else 'I'}{chunk}")
+        return bwd(chunk, *a, **k)
+
+    stage.forward_one_chunk = forward_one_chunk
+    stage.backward_one_chunk = backward_one_chunk
+    if wgt is not None:
+        def backward_weight_one_chunk(chunk: int, *a: Any, **k: Any) -> Any:
+            ran.append(f"{i}W{chunk}")
+            return wgt(chunk, *a, **k)
+
+        stage.backward_weight_one_chunk = backward_weight_one_chunk
+
+
+def _trainer(plan: SplitPlan, model: nn.Module, modules: list[nn.Module], schedule: Any,
+             args: Callable[[Batch | None], tuple[torch.Tensor, ...]], last: bool,
+             target: torch.Tensor | None) -> BuiltStage:
+    """A stage whose ``step`` runs the schedule's forwards and backwards (the loss where the last stage is) and
+    sums tied parameters' gradients across stages, and whose ``update`` steps its own optimizer."""
+    if last and target is None:
+        raise RuntimeError("the last training stage needs the loss's target")
+    names = aliases(model)
+    params = [(names.get(n, n), p) for m in modules for n, p in m.named_parameters()]
+    optimizer = make_optimizer(plan.optimizer, [p for _, p in params])
+
+    def step(inp: Batch | None) -> Any:
+        optimizer.zero_grad(set_to_none=True)
+        losses: list[torch.Tensor] = []
+        schedule.step(*args(inp), **({"target": target, "losses": losses} if last else {}))
+        sum_shared_grads(params, plan.ranks)
+        return losses
+
+    return BuiltStage(modules=modules, step=step, runtime=schedule, params=params, update=optimizer.step)
+
+
+def first_stage_order(split_gm: Any) -> list[int]:
+    """Which of the model's inputs the first stage takes in which place: torch's split orders a stage's inputs
+    by first use (a forward that reads its mask before its token ids gets ``(mask, ids)``), and its first
+    stage passes the schedule's arguments on as they come (torchpippy's alike)."""
+    graph = split_gm.graph
+    inputs = [n for n in graph.nodes if n.op == "placeholder"]
+    first = next(n for n in graph.nodes if n.op == "call_module")
+    taken = [a for a in first.args if a in inputs]
+    if len(taken) != len(inputs):
+        late = [n.name for n in inputs if n not in taken]
+        raise RuntimeError(f"input(s) {', '.join(late)} are first used after the first cut; torch's first stage "
+                           "must take every model input: cut later")
+    return [inputs.index(a) for a in taken]
+
+
+def _build_pippy(plan: SplitPlan, model: nn.Module, x: Batch, rank: int, device: torch.device,
                  group: dist.ProcessGroup | None) -> BuiltStage:
     import pippy
     from pippy.IR import PipeSplitWrapper
@@ -116,16 +210,17 @@ def _build_pippy(plan: SplitPlan, model: nn.Module, x: torch.Tensor, rank: int, 
     pippy.annotate_split_points(
         fresh, {fqn: getattr(PipeSplitWrapper.SplitPoint, kind) for fqn, kind in plan.split_spec().items()}
     )
-    pipe = pippy.Pipe.from_tracing(fresh, plan.chunks, example_args=(x,))
+    pipe = pippy.Pipe.from_tracing(fresh, plan.chunks, example_args=x)
     if pipe.num_stages != plan.stages:
         raise RuntimeError(f"tracing produced {pipe.num_stages} stages, the plan has {plan.stages}")
+    order = first_stage_order(pipe.split_gm)
     stage = pippy.PipelineStage(pipe, rank, device, group)
 
-    def step(inp: torch.Tensor | None) -> Any:
-        return stage(inp) if rank == 0 else stage()
+    def step(inp: Batch | None) -> Any:
+        return stage(*(inp[i] for i in order)) if rank == 0 and inp is not None else stage()
 
     stage.submod.register_forward_hook(_contiguous)
-    return BuiltStage(module=stage.submod, step=step, runtime=stage)
+    return BuiltStage(modules=[stage.submod], step=step, runtime=stage)
 
 
 def other_backend(backend: str) -> str:
@@ -137,7 +232,7 @@ def _explained(built: BuiltStage, plan: SplitPlan) -> BuiltStage:
     """A stage whose failure to run says which backend failed on which model, and what to try."""
     step = built.step
 
-    def run(inp: torch.Tensor | None) -> Any:
+    def run(inp: Batch | None) -> Any:
         try:
             return step(inp)
         except Exception as e:  # noqa: BLE001 - re-raised as one line with the fix
@@ -149,10 +244,12 @@ def _explained(built: BuiltStage, plan: SplitPlan) -> BuiltStage:
     return built
 
 
-def build_stage(plan: SplitPlan, model: nn.Module, x: torch.Tensor, rank: int, device: torch.device,
-                group: dist.ProcessGroup | None = None, traces: TraceCache | None = None) -> BuiltStage:
+def build_stage(plan: SplitPlan, model: nn.Module, x: Batch, rank: int, device: torch.device,
+                group: dist.ProcessGroup | None = None, traces: TraceCache | None = None,
+                target: torch.Tensor | None = None) -> BuiltStage:
     """Trace ``model`` (never modified) with the plan's cuts and keep this rank's stage; on the torch
-    backend, from the worker's cached export (``traces``) where it marks the plan's cuts."""
+    backend, from the worker's cached export (``traces``) where it marks the plan's cuts (inference only).
+    A training plan's last rank takes the loss's ``target``."""
     if plan.backend == "torch":
-        return _explained(_build_torch(plan, model, x, rank, device, group, traces), plan)
+        return _explained(_build_torch(plan, model, x, rank, device, group, traces, target), plan)
     return _explained(_build_pippy(plan, model, x, rank, device, group), plan)

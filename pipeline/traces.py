@@ -25,6 +25,8 @@ from typing import Any
 import torch
 from torch import fx, nn
 
+from pipeline.batch import Batch
+
 __all__ = ["LIMIT", "TraceCache", "call_events", "marker_fqn"]
 
 LIMIT = 8
@@ -42,7 +44,7 @@ def marker_fqn(node: fx.Node) -> str | None:
     return str(fqn)
 
 
-def call_events(model: nn.Module, x: torch.Tensor) -> list[tuple[str, str]]:
+def call_events(model: nn.Module, x: Batch) -> list[tuple[str, str]]:
     """("B" or "E", module FQN) for the start and end of every module call in one forward, in order."""
     events: list[tuple[str, str]] = []
     handles = []
@@ -51,17 +53,22 @@ def call_events(model: nn.Module, x: torch.Tensor) -> list[tuple[str, str]]:
         handles.append(mod.register_forward_hook(lambda m, a, o, n=name: events.append(("E", n))))
     try:
         with torch.no_grad():
-            model(x)
+            model(*x)
     finally:
         for h in handles:
             h.remove()
     return events
 
 
-def _module_starts(model: nn.Module, mb: torch.Tensor) -> list[str]:
+def _module_starts(model: nn.Module, mb: Batch) -> list[str]:
     """Every submodule called exactly once in one forward, in order (where a ``BEGINNING`` cut may go)."""
     calls = Counter(n for kind, n in call_events(model, mb) if kind == "B" and n)
     return [n for n, k in calls.items() if k == 1]
+
+
+def _shape_key(key: str, mb: Batch) -> tuple[str, str]:
+    """An export is reused for the same model at the same microbatch shapes and dtypes."""
+    return key, ";".join(f"{tuple(t.shape)}:{t.dtype}" for t in mb)
 
 
 @contextmanager
@@ -102,11 +109,11 @@ class TraceCache:
     def __init__(self, limit: int = LIMIT) -> None:
         self.limit = limit
         self._marked: dict[str, nn.Module] = {}
-        self._exports: OrderedDict[tuple[str, tuple[int, ...], str], tuple[Any, frozenset[str]]] = OrderedDict()
+        self._exports: OrderedDict[tuple[str, str], tuple[Any, frozenset[str]]] = OrderedDict()
         self.hits = 0
         self.misses = 0
 
-    def pipe(self, key: str, model: nn.Module, mb: torch.Tensor, split_spec: Mapping[str, str]) -> Any | None:
+    def pipe(self, key: str, model: nn.Module, mb: Batch, split_spec: Mapping[str, str]) -> Any | None:
         """torch's ``Pipe`` for these cuts from the cached export (made on first use), or None when the
         plan cuts somewhere the export has no marker (the caller traces it afresh)."""
         if any(kind != "BEGINNING" for kind in split_spec.values()):
@@ -114,7 +121,7 @@ class TraceCache:
         try:
             exported, markers = self._export(key, model, mb)
         except Exception:  # noqa: BLE001 - a model that exports only with fewer markers: trace each plan afresh
-            self._exports[(key, tuple(mb.shape), str(mb.dtype))] = (None, frozenset())
+            self._exports[_shape_key(key, mb)] = (None, frozenset())
             return None
         cuts = frozenset(split_spec)
         if exported is None or not cuts <= markers:
@@ -123,12 +130,12 @@ class TraceCache:
 
         try:
             with _answered_by(exported):
-                return Pipe.from_tracing(self._marked[key], (mb,), None, split_policy=_keep_only(cuts))
+                return Pipe.from_tracing(self._marked[key], mb, None, split_policy=_keep_only(cuts))
         except Exception:  # noqa: BLE001 - the fresh trace then runs, and reports its own failure
             return None
 
-    def _export(self, key: str, model: nn.Module, mb: torch.Tensor) -> tuple[Any, frozenset[str]]:
-        k = (key, tuple(mb.shape), str(mb.dtype))
+    def _export(self, key: str, model: nn.Module, mb: Batch) -> tuple[Any, frozenset[str]]:
+        k = _shape_key(key, mb)
         if k in self._exports:
             self.hits += 1
             self._exports.move_to_end(k)
@@ -143,7 +150,7 @@ class TraceCache:
             marked = copy.deepcopy(model)  # annotate_split_points rewrites forwards in place
             annotate_split_points(marked, {fqn: SplitPoint.BEGINNING for fqn in _module_starts(model, mb)})
             self._marked[key] = marked
-        exported = Pipe._trace_with_export(self._marked[key], (mb,), None)
+        exported = Pipe._trace_with_export(self._marked[key], mb, None)
         markers = frozenset(f for f in (marker_fqn(n) for n in exported.graph.nodes) if f is not None)
         self._exports[k] = (exported, markers)
         while len(self._exports) > self.limit:

@@ -24,37 +24,67 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from pipeline.batch import Batch, example_input, rows
 from pipeline.core.errors import PipesplitError, one_line
 from pipeline.core.plan import SplitPlan
 from pipeline.instrument import CommClock, CommSpan, ComputeClock, Span, hook_pippy_p2p, quiet_stderr
 from pipeline.messages import ErrorReply, TrialOptions, TrialReply
-from pipeline.models import example_input
 from pipeline.rank import RankState
 from pipeline.stages import BuiltStage, build_stage, other_backend
+from pipeline.training import SerialTrainer, check_grads, make_target
 
 __all__ = ["run_trial"]
 
 
-def _check_output(state: RankState, plan: SplitPlan, y: Any, model: Any, x: torch.Tensor) -> tuple[float, float]:
+def _check_output(state: RankState, plan: SplitPlan, y: Any, model: Any, x: Batch) -> tuple[float, float]:
     """(max |pipeline - unsplit|, tolerance), computed on the last rank and shared with every rank."""
     verdict: list[Any] = [None]
-    if state.rank == state.world - 1:
+    if state.rank == plan.last_rank:
         if plan.model.key not in state.refs:
-            state.refs[plan.model.key] = model(x)
+            state.refs[plan.model.key] = model(*x)
         ref = state.refs[plan.model.key]
         got = y[0] if isinstance(y, (tuple, list)) else y
         diff = float((got.float() - ref.float()).abs().max())
         rtol = 1e-4 if plan.model.dtype == "float32" else 2e-2
         verdict = [(diff, rtol * max(1.0, float(ref.float().abs().max())))]
-    dist.broadcast_object_list(verdict, src=state.world - 1)
+    dist.broadcast_object_list(verdict, src=plan.last_rank)
     diff, tol = verdict[0]
     return float(diff), float(tol)
 
 
-def _mismatch(rank: int, diff: float, tol: float) -> ErrorReply:
+def _mismatch(rank: int, diff: float, tol: float, what: str) -> ErrorReply:
+    kind = "output" if what.startswith("pipeline output") else "training step"
     return ErrorReply(rank=rank, max_abs_diff=diff, tolerance=tol,
-                      error=f"output check failed: pipeline output differs from the unsplit model by {diff:.3g} "
-                            f"(allowed {tol:.3g})")
+                      error=f"{kind} check failed: {what} by {diff:.3g} (allowed {tol:.3g})")
+
+
+def _target(plan: SplitPlan, model: Any, x: Batch) -> torch.Tensor:
+    """The loss's fixed target for the whole batch, the same on every rank (the output's shape from one sample)."""
+    with torch.no_grad():
+        one = model(*rows(x, 1))
+    out = one[0] if isinstance(one, (tuple, list)) else one
+    shape = (plan.model.batch_size, *out.shape[1:])
+    return make_target(plan.model, x, torch.empty(shape, dtype=out.dtype, device=out.device))
+
+
+def _check_step(state: RankState, plan: SplitPlan, stage: BuiltStage, losses: Any, model: Any, x: Batch,
+                target: torch.Tensor) -> tuple[float, float, str]:
+    """(difference, tolerance, what differs) of the worst of the pipeline step's loss and every rank's
+    gradients against the serial step from the same weights, the same on every rank."""
+    ref = state.reference(plan.model, model, x, target)
+    rtol = 1e-3 if plan.model.dtype == "float32" else 5e-2
+    worst = check_grads(stage.params, ref, rtol)
+    mine = (worst.diff, worst.tol, f"gradient of {worst.name} differs from the unsplit model's")
+    if state.rank == plan.last_rank:
+        got = float(torch.stack([v.detach().float() for v in losses]).mean()) if losses else float("nan")
+        ltol = rtol * max(1.0, abs(ref.loss))
+        loss = (abs(got - ref.loss), ltol, f"loss {got:.6g} differs from the unsplit model's {ref.loss:.6g}")
+        if not loss[0] / loss[1] <= mine[0] / mine[1]:
+            mine = loss
+    every: list[Any] = [None] * state.world
+    dist.all_gather_object(every, mine)
+    diff, tol, what = max(every, key=lambda v: v[0] / v[1] if v[0] == v[0] else float("inf"))
+    return float(diff), float(tol), str(what)
 
 
 def _gather(state: RankState, flag: bool) -> list[bool]:
@@ -78,11 +108,16 @@ def run_trial(state: RankState, plan: SplitPlan, opts: TrialOptions) -> TrialRep
         kept = None  # some rank kept nothing (a restarted pool): every rank builds and checks afresh
     error = None
     stage: BuiltStage | None = None
+    train = plan.mode == "train"
+    target = None
     try:
         model = state.model(plan.model)
         x = example_input(plan.model, state.device)
+        if train:
+            target = _target(plan, model, x)
         stage = kept[1] if kept is not None else build_stage(plan, model, x, rank, state.device,
-                                                             traces=state.traces if opts.cached_trace else None)
+                                                             traces=state.traces if opts.cached_trace else None,
+                                                             target=target)
     except Exception as e:  # noqa: BLE001 - reported as the trial's reason
         cuts = ", ".join(plan.split_spec())
         error = (f"rank {rank} could not build its stage for cuts [{cuts}]: {one_line(e)}"
@@ -94,13 +129,13 @@ def run_trial(state: RankState, plan: SplitPlan, opts: TrialOptions) -> TrialRep
     t_built = time.perf_counter()
     build_s = t_built - t_recv
     t_checked = t_warm = t_timed = t_built
-    clock = ComputeClock(stage.module, state.device)
+    clock = ComputeClock(stage.modules, state.device)
     comm = CommClock(clock.now)
     if plan.backend == "pippy" and stage.runtime is not None:
         hook_pippy_p2p(stage.runtime, comm, rank, state.world)
     else:
         state.comm = comm
-    last = rank == state.world - 1
+    last = rank == plan.last_rank
     serial_threads = plan.threads_per_stage * state.world if state.device.type == "cpu" else None
     serial: list[float] = []
     serial_all: list[float] = []
@@ -114,30 +149,45 @@ def run_trial(state: RankState, plan: SplitPlan, opts: TrialOptions) -> TrialRep
     checked = kept is not None  # the output check passed when a kept stage was built, in the trial that kept it
     diff, tol, out_bytes = (kept[2], kept[3], kept[4]) if kept is not None else (float("nan"), float("nan"), 0)
     check_in_loop = 0.0
+    trainer = SerialTrainer(model, plan.optimizer, target) if train and rank == 0 and target is not None else None
+
+    def serial_run() -> Any:
+        return trainer.step(x) if trainer is not None else model(*x)
+
     try:
-        with torch.no_grad():
-            if not checked and not opts.check_first_repeat:
+        with torch.set_grad_enabled(train):
+            if not checked and (train or not opts.check_first_repeat):
                 y = stage.step(x if rank == 0 else None)
                 state.sync()
                 out_bytes = 0 if last else clock.out_bytes
-                diff, tol = _check_output(state, plan, y, model, x)
+                if train:
+                    assert target is not None
+                    diff, tol, what = _check_step(state, plan, stage, y, model, x, target)
+                    if stage.update is not None:
+                        stage.update()
+                else:
+                    diff, tol = _check_output(state, plan, y, model, x)
+                    what = "pipeline output differs from the unsplit model"
                 checked = True
                 if not diff <= tol:
-                    return _mismatch(rank, diff, tol)
+                    return _mismatch(rank, diff, tol, what)
             t_checked = time.perf_counter()
             for _ in range(opts.warmup):
                 _pipeline_once(state, stage, x, clock)
-            # the serial model stays warm in this worker: warm it up once per model and thread count
-            if opts.serial and (plan.model.key, plan.threads_per_stage) not in state.warm:
-                state.serial(model, x, None)
-                state.warm.add((plan.model.key, plan.threads_per_stage))
-            if opts.serial_all and serial_threads and (plan.model.key, serial_threads) not in state.warm:
-                state.serial(model, x, serial_threads)
-                state.warm.add((plan.model.key, serial_threads))
+            # the serial model stays warm in this worker: warm it up once per model and thread count (a serial
+            # trainer is the trial's own, its optimizer state made on its first step: warm it every trial)
+            if opts.serial and (train or (plan.model.key, plan.threads_per_stage) not in state.warm):
+                state.serial(serial_run, None)
+                if not train:
+                    state.warm.add((plan.model.key, plan.threads_per_stage))
+            if opts.serial_all and serial_threads and (train or (plan.model.key, serial_threads) not in state.warm):
+                state.serial(serial_run, serial_threads)
+                if not train:
+                    state.warm.add((plan.model.key, serial_threads))
             t_warm = time.perf_counter()
             for _ in range(opts.repeats):
                 if opts.serial:
-                    serial.append(state.serial(model, x, None))
+                    serial.append(state.serial(serial_run, None))
                 wall, busy, events, comm_events, t0_abs, y = _pipeline_once(state, stage, x, clock, comm)
                 pipe.append(wall)
                 c = sum(b - a for _, a, b in events)
@@ -150,9 +200,9 @@ def run_trial(state: RankState, plan: SplitPlan, opts: TrialOptions) -> TrialRep
                     checked = True
                     check_in_loop += time.perf_counter() - t_c
                     if not diff <= tol:
-                        return _mismatch(rank, diff, tol)
+                        return _mismatch(rank, diff, tol, "pipeline output differs from the unsplit model")
                 if opts.serial_all and serial_threads:
-                    serial_all.append(state.serial(model, x, serial_threads))
+                    serial_all.append(state.serial(serial_run, serial_threads))
             t_timed = time.perf_counter()
             if opts.trace_dir:
                 trace = _trace(state, stage, x, clock, comm, opts.trace_dir)
@@ -167,10 +217,10 @@ def run_trial(state: RankState, plan: SplitPlan, opts: TrialOptions) -> TrialRep
                       comm_events=tuple(comm_events), t0=t0_abs, host=socket.gethostname(),
                       peak_mem_bytes=state.peak.read(), busy_s=time.perf_counter() - t_recv, trace=trace,
                       phases=(build_s, t_checked - t_built + check_in_loop, t_warm - t_checked,
-                              t_timed - t_warm - check_in_loop))
+                              t_timed - t_warm - check_in_loop), actions=tuple(stage.actions))
 
 
-def _trace(state: RankState, stage: BuiltStage, x: torch.Tensor, clock: ComputeClock, comm: CommClock,
+def _trace(state: RankState, stage: BuiltStage, x: Batch, clock: ComputeClock, comm: CommClock,
            folder: str) -> str:
     """One more pipeline run under torch.profiler; its chrome trace (Perfetto opens it) per rank."""
     from torch.profiler import ProfilerActivity, profile
@@ -184,7 +234,7 @@ def _trace(state: RankState, stage: BuiltStage, x: torch.Tensor, clock: ComputeC
     return path
 
 
-def _pipeline_once(state: RankState, stage: BuiltStage, x: torch.Tensor, clock: ComputeClock,
+def _pipeline_once(state: RankState, stage: BuiltStage, x: Batch, clock: ComputeClock,
                    comm: CommClock | None = None) -> tuple[float, float, list[Span], list[CommSpan], float, Any]:
     """One whole batch through the pipeline: (wall time to the last rank's end, own busy time, compute
     spans, send/recv spans, the run's start on this host's monotonic clock, the output on the last rank)."""
@@ -199,6 +249,8 @@ def _pipeline_once(state: RankState, stage: BuiltStage, x: torch.Tensor, clock: 
         t0_event.record()
     t0 = time.perf_counter()
     y = stage.step(x if state.rank == 0 else None)
+    if stage.update is not None:
+        stage.update()
     state.sync()
     busy = time.perf_counter() - t0
     dist.barrier()

@@ -15,8 +15,8 @@ DEFAULT_STORAGE = "sqlite:///results/optuna.db"
 DEFAULT_CHUNKS = (1, 2, 4, 8, 16, 32)
 
 
-def default_study_name(model: str, stages: int, batch: int, device: str, granularity: str) -> str:
-    name = f"{model}-s{stages}-b{batch}-{device}"
+def default_study_name(model: str, stages: int, batch: int, device: str, granularity: str, mode: str = "infer") -> str:
+    name = f"{model}-s{stages}-b{batch}-{device}" + ("-train" if mode == "train" else "")
     return name if granularity == "block" else f"{name}-{granularity}"
 
 
@@ -59,6 +59,9 @@ class SearchConfig:
     schedule: str = "GPipe"
     device: str = "cpu"
     threads_per_stage: int | None = None
+    mode: str = "infer"
+    """``train`` measures whole training steps; the cost model prices forward passes only, so it prunes none."""
+    optimizer: str = "adamw"
 
     def __post_init__(self) -> None:
         if self.stages < 2:
@@ -94,4 +97,5 @@ class SearchConfig:
                    results_dir=args.results_dir, progress=not args.no_progress, trace=args.trace,
                    artifact_dir=args.artifact_dir, artifacts=not args.no_artifacts, backend=args.backend or "torch",
                    schedule=args.schedule or "GPipe", device=args.device or "cpu",
-                   threads_per_stage=args.threads_per_stage)
+                   threads_per_stage=args.threads_per_stage, mode=args.mode or "infer",
+                   optimizer=args.optimizer or "adamw")

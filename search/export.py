@@ -104,6 +104,9 @@ def export(study: optuna.Study, ctx: SearchContext, outdir: Path, *, confirmatio
         stages = (study.user_attrs.get("config") or {}).get("stages", "?")
         budget += (f" Ceiling: {ceiling:.2f}x is the most speedup this machine can give {stages} stages (cores / "
                    "threads per stage on CPU); no prediction exceeds it.")
+    if (study.user_attrs.get("config") or {}).get("mode") == "train":
+        budget += (" Training steps (forward, loss, backward, optimizer): the cost model prices forward passes only, "
+                   "so 'predicted' is the forward pipeline's speedup, a ranking hint, and no plan was pruned by it.")
     text = (f"# {study.study_name}\n\n{budget}\n\n"
             "Speedup = serial model on one stage's threads / pipeline, median over repeats; "
             "'confirmed' is the median of the interleaved confirmation round.\n\n" + table + "\n")

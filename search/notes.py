@@ -62,7 +62,9 @@ def study_note(config: Mapping[str, Any], space_size: int, ceiling: float | None
         f"## pipesplit search: {config.get('model')}, {config.get('stages')} stages",
         "",
         f"Every trial is a real {config.get('device')} pipeline run ({config.get('backend')} backend, "
-        f"{config.get('schedule')}, {config.get('threads_per_stage')} thread(s) per stage); the space holds "
+        f"{config.get('schedule')}, {config.get('threads_per_stage')} thread(s) per stage"
+        + (f", training steps with {config.get('optimizer')}" if config.get("mode") == "train" else "")
+        + "); the space holds "
         f"{space_size} plans ({config.get('granularity')} cuts x chunk counts).",
         "",
         "- **value** is the measured speedup (serial model on one stage's threads / pipeline, median of repeats);",

@@ -55,6 +55,8 @@ class SearchContext:
     backend: str
     schedule: str
     device: str
+    mode: str = "infer"
+    optimizer: str = "adamw"
     repeats: int
     """Base repeats per trial: a plan that is neither behind nor a contender stops here."""
     trial_timeout_s: float
@@ -85,7 +87,8 @@ class SearchContext:
 
     def plan(self, points: tuple[SplitPoint, ...], chunks: int) -> SplitPlan:
         return SplitPlan(model=self.spec, split_points=points, chunks=chunks, backend=self.backend,
-                         schedule=self.schedule, device=self.device, threads_per_stage=self.threads)
+                         schedule=self.schedule, device=self.device, threads_per_stage=self.threads,
+                         mode=self.mode, optimizer=self.optimizer)
 
     def plan_for_cuts(self, cuts: list[int] | tuple[int, ...], chunks: int) -> SplitPlan:
         return self.plan(tuple(SplitPoint(self.profile.segments[c].fqn) for c in cuts), chunks)

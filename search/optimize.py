@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.core.errors import PipesplitError
-from pipeline.core.plan import SplitPlan, choose_chunks
+from pipeline.core.plan import SplitPlan, choose_chunks, schedule_chunks
 from search.config import DEFAULT_CHUNKS, DEFAULT_STORAGE, SearchConfig, default_study_name
 from search.confirm import Confirmation
 from search.coordination import others_running
@@ -168,7 +168,7 @@ def run_study(cfg: SearchConfig, *, references: bool = False) -> StudyRun:
     device = resolve_device(cfg.device, cfg.stages)
     storage = open_storage(cfg.storage)
     spec = cfg.model.resolve()
-    chunks = choose_chunks(cfg.chunks, spec.batch_size, DEFAULT_CHUNKS)
+    chunks = schedule_chunks(choose_chunks(cfg.chunks, spec.batch_size, DEFAULT_CHUNKS), cfg.schedule, cfg.stages)
     granularity = cfg.model.granularity
     cands = find_candidates(build_model(spec), spec, granularity)
     cands.check_stages(cfg.stages, spec.label)
@@ -177,7 +177,7 @@ def run_study(cfg: SearchConfig, *, references: bool = False) -> StudyRun:
     trials = cfg.trials or (12 if stages == 2 else 14)
     if cfg.trials is None and cfg.budget_repeats is not None:
         trials = 10**9  # the repeat budget alone limits the study (the space's size bounds it too)
-    name = cfg.study_name or default_study_name(spec.slug, stages, spec.batch_size, device, granularity)
+    name = cfg.study_name or default_study_name(spec.slug, stages, spec.batch_size, device, granularity, cfg.mode)
     outdir = Path(cfg.results_dir) / name
     artifacts = None
     if cfg.artifacts:
@@ -187,7 +187,8 @@ def run_study(cfg: SearchConfig, *, references: bool = False) -> StudyRun:
         art_dir.mkdir(parents=True, exist_ok=True)
         artifacts = FileSystemArtifactStore(art_dir)
     config = {"model": spec.key, "stages": stages, "granularity": granularity, "device": device,
-              "threads_per_stage": threads, "backend": cfg.backend, "schedule": cfg.schedule, "space": SPACE_VERSION}
+              "threads_per_stage": threads, "backend": cfg.backend, "schedule": cfg.schedule, "space": SPACE_VERSION,
+              **({"mode": "train", "optimizer": cfg.optimizer} if cfg.mode == "train" else {})}
     # failed trials are reported in one line by the search loop, not with optuna's traceback
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     # the sampler needs the profile: it replaces this placeholder once the profile is loaded
@@ -219,6 +220,8 @@ def run_study(cfg: SearchConfig, *, references: bool = False) -> StudyRun:
             study.set_user_attr("ceiling", prof.machine.ceiling(stages))
             study.set_user_attr("machine", prof.machine.to_dict())
         serial_s = sum(seg.latency(spec.batch_size) for seg in prof.segments)
+        if cfg.mode == "train":
+            serial_s *= 3  # a training step: the forward, a backward of about twice its work, the optimizer
         repeats = trial_repeats(cfg.repeats, serial_s, cfg.min_trial_seconds)
         cap = (cfg.repeat_cap or 2 * repeats) if cfg.race else None
         space = PlanSpace(names=tuple(seg.fqn for seg in prof.segments), stages=stages, chunks=tuple(chunks))
@@ -230,8 +233,11 @@ def run_study(cfg: SearchConfig, *, references: bool = False) -> StudyRun:
         started = time.monotonic()
         ctx = SearchContext(study=study, pool=pool, profile=prof, cands=cands, spec=spec, space=space,
                             threads=threads, backend=cfg.backend, schedule=cfg.schedule, device=device,
+                            mode=cfg.mode, optimizer=cfg.optimizer,
                             repeats=repeats, repeat_cap=cap, budget_repeats=cfg.budget_repeats,
-                            trial_timeout_s=cfg.trial_timeout_s, prune=cfg.prune, progress=cfg.progress,
+                            # the cost model prices forward passes: a training plan it cannot price is measured
+                            trial_timeout_s=cfg.trial_timeout_s, prune=cfg.prune and cfg.mode == "infer",
+                            progress=cfg.progress,
                             artifacts=artifacts, budget=trials, check_first_repeat=check_on_first_repeat(serial_s))
         model_best = [PlanPoint(cuts=p.cuts, chunks=p.chunks) for p in ranked(prof, stages, chunks)]
         study.sampler = PlanSampler(space, ctx.predictor(), model_best, seed=cfg.model.seed)

@@ -1,10 +1,11 @@
 import pytest
 import torch
 
+from pipeline.batch import example_input
 from pipeline.candidates import find_candidates
 from pipeline.core.errors import PipesplitError
 from pipeline.core.plan import SplitPlan, SplitPoint
-from pipeline.models import build_model, example_input, resolve_spec
+from pipeline.models import build_model, resolve_spec
 
 SWIN = {"img_size": 64, "window_size": 2, "depths": (1, 1, 2, 1), "embed_dim": 24, "num_heads": (1, 1, 2, 2)}
 
@@ -54,7 +55,7 @@ def test_every_candidate_cut_traces_and_matches_the_model(name, kw):
     from torch.distributed.pipelining import pipeline
 
     spec, model, c = cands(name, **kw)
-    x = example_input(spec)
+    (x,) = example_input(spec)
     with torch.no_grad():
         ref = model(x)
     step = max(1, len(c.cuts) // 4)

@@ -1,13 +1,14 @@
 import pytest
 
 from costmodel.flops import count_flops, vit_macs
-from pipeline.models import build_model, example_input, resolve_spec
+from pipeline.batch import example_input
+from pipeline.models import build_model, resolve_spec
 
 
 @pytest.mark.slow
 def test_deit_small_matches_the_analytic_vit_formula():
     spec = resolve_spec("deit_small_patch16_224", batch_size=1)
-    got = count_flops(build_model(spec), (example_input(spec),))
+    got = count_flops(build_model(spec), example_input(spec))
     want = vit_macs(img=224, patch=16, dim=384, depth=12, classes=1000)
     assert abs(got - want) / want < 0.01
 
@@ -15,7 +16,8 @@ def test_deit_small_matches_the_analytic_vit_formula():
 def test_fused_attention_is_counted(tiny_spec):
     """timm runs F.scaled_dot_product_attention; without the handle fvcore would drop 2*N^2*D per block."""
     model = build_model(tiny_spec)
-    x = example_input(tiny_spec)[:1]
+    (x,) = example_input(tiny_spec)
+    x = x[:1]
     assert model.blocks[0].attn.fused_attn
     got = count_flops(model, (x,))
     want = vit_macs(img=32, patch=8, dim=48, depth=4, classes=10)
@@ -26,7 +28,7 @@ def test_fused_attention_is_counted(tiny_spec):
 
 def test_counts_scale_with_batch(tiny_spec):
     model = build_model(tiny_spec)
-    x = example_input(tiny_spec)
+    (x,) = example_input(tiny_spec)
     assert count_flops(model, (x[:2],)) == 2 * count_flops(model, (x[:1],))
 
 

@@ -1,8 +1,9 @@
 import pytest
 import torch
 
+from pipeline.batch import example_input
 from pipeline.core.errors import PipesplitError
-from pipeline.models import build_model, example_input, resolve_spec
+from pipeline.models import build_model, resolve_spec
 from tests.conftest import TINY_VIT
 
 
@@ -13,7 +14,7 @@ def test_vit_input_size_comes_from_its_kwargs(tiny_spec):
 def test_cnn_takes_image_size_override():
     spec = resolve_spec("resnet18", image_size=64, batch_size=2)
     assert spec.input_shape == (3, 64, 64)
-    assert build_model(spec)(example_input(spec)).shape == (2, 1000)
+    assert build_model(spec)(*example_input(spec)).shape == (2, 1000)
 
 
 def test_fixed_size_model_refuses_image_size_with_the_fix():
@@ -33,8 +34,8 @@ def test_bad_kwargs_are_one_line():
 
 def test_same_seed_same_weights_and_inputs(tiny_spec):
     a, b = build_model(tiny_spec), build_model(tiny_spec)
-    x = example_input(tiny_spec)
-    assert torch.equal(x, example_input(tiny_spec))
+    (x,) = example_input(tiny_spec)
+    assert torch.equal(x, example_input(tiny_spec)[0])
     with torch.no_grad():
         assert torch.equal(a(x), b(x))
 

@@ -1,9 +1,12 @@
+import dataclasses
 import json
 
 import pytest
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
 
 from pipeline.core.errors import PipesplitError
-from pipeline.core.plan import SplitPlan, SplitPoint
+from pipeline.core.plan import SCHEDULES, SplitPlan, SplitPoint, schedule_rule
 from pipeline.core.spec import ModelSpec
 
 SPEC = ModelSpec(name="deit_small_patch16_224", batch_size=32)
@@ -75,3 +78,39 @@ def test_load_errors_are_one_line(tmp_path):
     bad.write_text('{"chunks": 2}')
     with pytest.raises(PipesplitError, match="no 'model' key"):
         SplitPlan.load(bad)
+
+
+@settings(max_examples=200, deadline=None)
+@given(schedule=st.sampled_from(SCHEDULES), ranks=st.integers(1, 4), per=st.integers(1, 3), chunks=st.integers(1, 12))
+def test_a_schedule_the_rules_allow_places_every_stage_on_exactly_one_rank(schedule, ranks, per, chunks):
+    stages = ranks * per
+    assume(stages >= 2 and schedule_rule(schedule, stages, per, chunks) is None)
+    p = SplitPlan(model=ModelSpec(name="m", batch_size=chunks), split_points=tuple(SplitPoint(f"b{i}") for i in
+                  range(1, stages)), chunks=chunks, schedule=schedule, stages_per_rank=per)
+    held = [s for r in range(p.ranks) for s in p.rank_stages(r)]
+    assert p.ranks == ranks and sorted(held) == list(range(stages))
+    assert 0 in p.rank_stages(0) and stages - 1 in p.rank_stages(p.last_rank)
+
+
+@pytest.mark.parametrize("schedule, stages, per, chunks, rule", [
+    ("GPipe", 4, 2, 4, "runs one stage per rank"),
+    ("ZBVZeroBubble", 6, 3, 6, "exactly 2 stages per rank"),
+    ("DualPipeV", 4, 2, 2, "DualPipeV needs at least as many chunks as stages"),
+    ("Interleaved1F1B", 4, 2, 5, "multiple of its rounds"),
+    ("Interleaved1F1B", 5, 2, 4, "do not split into 2 per rank"),
+    ("1F1B", 2, 1, 1, "1F1B needs at least as many chunks as stages"),
+])
+def test_an_infeasible_schedule_is_refused_by_construction_with_its_rule(schedule, stages, per, chunks, rule):
+    assert rule in schedule_rule(schedule, stages, per, chunks)
+    with pytest.raises(PipesplitError, match=rule):
+        SplitPlan(model=ModelSpec(name="m", batch_size=60), split_points=tuple(SplitPoint(f"b{i}") for i in
+                  range(1, stages)), chunks=chunks, schedule=schedule, stages_per_rank=per)
+
+
+def test_virtual_stages_round_trip_and_name_their_placement():
+    p = plan(split_points=tuple(SplitPoint(f"blocks.{i}") for i in (3, 6, 9)), chunks=8, schedule="Interleaved1F1B",
+             stages_per_rank=2)
+    assert (p.ranks, p.rank_stages(0), p.rank_stages(1), p.last_rank) == (2, (0, 2), (1, 3), 1)
+    assert SplitPlan.from_dict(json.loads(json.dumps(p.to_dict()))) == p and "2 per rank on 2 ranks" in p.describe()
+    v = dataclasses.replace(p, schedule="ZBVZeroBubble")
+    assert (v.rank_stages(0), v.rank_stages(1), v.last_rank) == ((0, 3), (1, 2), 0)

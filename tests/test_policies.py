@@ -54,8 +54,9 @@ def test_equal_size_matches_real_pippy(tiny_spec, stages):
     import pippy
     from pippy.IR import pipe_split
 
+    from pipeline.batch import example_input
     from pipeline.candidates import find_candidates
-    from pipeline.models import build_model, example_input
+    from pipeline.models import build_model
 
     c = find_candidates(build_model(tiny_spec), tiny_spec)
     ours = [c.units[i][0] for i in equal_size_cuts([n for _, n in c.units], stages)]
@@ -71,7 +72,7 @@ def test_equal_size_matches_real_pippy(tiny_spec, stages):
                 theirs.append(path.replace("L['self'].", "").replace("[", ".").replace("]", ""))
         return gm
 
-    pippy.Pipe.from_tracing(build_model(tiny_spec), 1, (example_input(tiny_spec),), split_policy=policy)
+    pippy.Pipe.from_tracing(build_model(tiny_spec), 1, example_input(tiny_spec), split_policy=policy)
     assert ours == theirs
 
 

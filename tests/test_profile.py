@@ -7,7 +7,8 @@ import pytest
 from costmodel.flops import count_flops
 from costmodel.profile import load_or_profile, main
 from costmodel.types import Profile
-from pipeline.models import build_model, example_input
+from pipeline.batch import example_input
+from pipeline.models import build_model
 
 pytestmark = [pytest.mark.slow, pytest.mark.multiprocess]
 
@@ -23,7 +24,7 @@ def cached(tmp_path_factory, tiny_spec):
 def test_segments_cover_the_model(cached, tiny_spec):
     _, prof = cached
     assert prof.fqns == ("patch_embed", "blocks.0", "blocks.1", "blocks.2", "blocks.3", "norm", "head")
-    whole = count_flops(build_model(tiny_spec), (example_input(tiny_spec)[:1],))
+    whole = count_flops(build_model(tiny_spec), (example_input(tiny_spec)[0][:1],))
     assert abs(prof.total_flops - whole) / whole < 0.01
     params = sum(p.numel() * 4 for p in build_model(tiny_spec).parameters())
     assert sum(s.param_bytes for s in prof.segments) == params

@@ -4,14 +4,15 @@ import torch
 from torch.distributed.pipelining import SplitPoint as TorchSplitPoint
 from torch.distributed.pipelining import pipeline
 
-from pipeline.models import build_model, example_input
+from pipeline.batch import example_input
+from pipeline.models import build_model
 from pipeline.stages import _fresh, contiguous_receives
 
 
 def test_a_strided_value_crossing_a_cut_gets_a_contiguous_receive_buffer(tiny_spec):
     """A cut before a ViT head sends ``x[:, 0]``: traced as a strided view, received into a contiguous buffer."""
     model = build_model(tiny_spec)
-    x = example_input(tiny_spec)[:2]
+    x = example_input(tiny_spec)[0][:2]
     pipe = pipeline(_fresh(model), mb_args=(x,), split_spec={"head": TorchSplitPoint.BEGINNING})
     second = list(pipe.split_gm.children())[1]
     placeholders = [n for n in second.graph.nodes if n.op == "placeholder"]

@@ -5,20 +5,21 @@ import copy
 import torch
 from torch.distributed.pipelining import SplitPoint, pipeline
 
+from pipeline.batch import example_input
 from pipeline.candidates import find_candidates
-from pipeline.models import build_model, example_input
+from pipeline.models import build_model
 from pipeline.traces import TraceCache
 
 
 def test_a_pipe_from_the_cache_equals_a_fresh_trace(tiny_spec):
     model = build_model(tiny_spec)
-    mb = example_input(tiny_spec, torch.device("cpu")).chunk(2)[0]
+    mb = example_input(tiny_spec, torch.device("cpu"))[0].chunk(2)[0]
     cache = TraceCache()
     with torch.no_grad():
         ref = model(mb)
     for cuts in (("blocks.2",), ("blocks.1.mlp", "head"), ("blocks.0.attn.qkv",)):
         spec = {c: "BEGINNING" for c in cuts}
-        pipe = cache.pipe(tiny_spec.key, model, mb, spec)
+        pipe = cache.pipe(tiny_spec.key, model, (mb,), spec)
         assert pipe is not None and pipe.num_stages == len(cuts) + 1
         fresh = pipeline(copy.deepcopy(model), mb_args=(mb,), split_spec={c: SplitPoint.BEGINNING for c in cuts})
         with torch.no_grad():
@@ -46,5 +47,5 @@ def test_a_cut_it_cannot_serve_is_left_to_a_fresh_trace(tiny_spec):
     # a new microbatch shape is a new export; the oldest is dropped past the limit
     small = TraceCache(limit=1)
     small.pipe(tiny_spec.key, model, mb, {"blocks.1": "BEGINNING"})
-    small.pipe(tiny_spec.key, model, mb[:2], {"blocks.1": "BEGINNING"})
+    small.pipe(tiny_spec.key, model, (mb[0][:2],), {"blocks.1": "BEGINNING"})
     assert small.misses == 2 and len(small._exports) == 1

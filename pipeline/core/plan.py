@@ -15,8 +15,16 @@ from pipeline.core.spec import ModelSpec
 PLAN_VERSION = 1
 KINDS = ("BEGINNING", "END")
 BACKENDS = ("torch", "pippy")
-SCHEDULES = ("GPipe", "1F1B")
+SINGLE_SCHEDULES = ("GPipe", "1F1B")
+"""torch's schedules that run one stage per rank."""
+MULTI_SCHEDULES = ("Interleaved1F1B", "LoopedBFS", "InterleavedZeroBubble", "ZBVZeroBubble", "DualPipeV")
+"""torch's schedules that run several stages per rank (``stages_per_rank``, V), placed round-robin or in a V."""
+V_SCHEDULES = ("ZBVZeroBubble", "DualPipeV")
+"""Schedules that place exactly two stages per rank in a V: rank r holds stages r and 2 * ranks - 1 - r."""
+SCHEDULES = SINGLE_SCHEDULES + MULTI_SCHEDULES
 DEVICES = ("cpu", "cuda")
+MODES = ("infer", "train")
+OPTIMIZERS = ("adamw", "sgd")
 
 
 def parse_chunks(text: str) -> tuple[int, ...]:
@@ -41,6 +49,39 @@ def choose_chunks(typed: Sequence[int] | None, batch: int, default: Sequence[int
         raise PipesplitError(f"--chunks {','.join(map(str, bad))} do not divide batch size {batch}: use divisors of "
                              f"{batch} ({', '.join(str(d) for d in range(1, batch + 1) if batch % d == 0)})")
     return list(dict.fromkeys(typed))
+
+
+def schedule_rule(schedule: str, stages: int, per_rank: int, chunks: int) -> str | None:
+    """Why ``schedule`` cannot run ``stages`` stages, ``per_rank`` to a rank, over ``chunks`` microbatches (the
+    rules torch's schedule classes enforce), or None when it can."""
+    if schedule not in SCHEDULES:
+        return f"schedule {schedule!r} is not supported: use one of {', '.join(SCHEDULES)}"
+    if per_rank < 1 or stages % per_rank:
+        return f"{stages} stages do not split into {per_rank} per rank: give a stage count that is a multiple of it"
+    ranks = stages // per_rank
+    if schedule in SINGLE_SCHEDULES and per_rank != 1:
+        return f"schedule {schedule} runs one stage per rank (got {per_rank}): use Interleaved1F1B or LoopedBFS"
+    if schedule in V_SCHEDULES and per_rank != 2:
+        return f"schedule {schedule} needs exactly 2 stages per rank, placed in a V (got {per_rank})"
+    if schedule == "1F1B" and chunks < stages:
+        return f"schedule 1F1B needs at least as many chunks as stages (got chunks {chunks}, {stages} stages)"
+    if schedule == "DualPipeV" and chunks < stages:
+        return f"schedule DualPipeV needs at least as many chunks as stages (got chunks {chunks}, {stages} stages)"
+    if schedule in ("Interleaved1F1B", "InterleavedZeroBubble"):
+        rounds = max(1, chunks // ranks)
+        if chunks % rounds:
+            return (f"schedule {schedule} needs chunks to be a multiple of its rounds, max(1, chunks // ranks) = "
+                    f"{rounds} (got chunks {chunks}, {ranks} ranks)")
+    return None
+
+
+def schedule_chunks(chunks: Sequence[int], schedule: str, stages: int, per_rank: int = 1) -> list[int]:
+    """The chunk counts ``schedule`` can run (1F1B: at least one per stage), or one line with the rule."""
+    kept = [c for c in chunks if schedule_rule(schedule, stages, per_rank, c) is None]
+    if not kept:
+        why = schedule_rule(schedule, stages, per_rank, max(chunks, default=1))
+        raise PipesplitError(f"no chunk count in {','.join(map(str, chunks))} fits: {why}")
+    return kept
 
 
 @dataclass(frozen=True)
@@ -83,6 +124,13 @@ class SplitPlan:
     """``cpu`` (gloo) or ``cuda`` (NCCL, one GPU per stage)."""
     threads_per_stage: int = 1
     """Intra-op threads each stage process uses (CPU)."""
+    stages_per_rank: int = 1
+    """Virtual stages per rank (V): the plan's stages run on ``stages // V`` ranks, as a multi-stage schedule
+    (Interleaved1F1B, LoopedBFS, zero-bubble, DualPipeV) places them."""
+    mode: str = "infer"
+    """``infer`` (forward only) or ``train`` (forward, loss, backward and an optimizer step on every stage)."""
+    optimizer: str = "adamw"
+    """The optimizer a training step runs on every stage (and the serial model): ``adamw`` or ``sgd``."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "split_points", tuple(self.split_points))
@@ -95,10 +143,18 @@ class SplitPlan:
             )
         if self.backend not in BACKENDS:
             raise PipesplitError(f"backend {self.backend!r} is unknown: use one of {', '.join(BACKENDS)}")
-        if self.schedule not in SCHEDULES:
-            raise PipesplitError(f"schedule {self.schedule!r} is not supported: use one of {', '.join(SCHEDULES)}")
         if self.backend == "pippy" and self.schedule != "GPipe":
             raise PipesplitError(f"torchpippy runs only GPipe here (got {self.schedule!r}): use --backend torch")
+        if self.mode not in MODES:
+            raise PipesplitError(f"mode {self.mode!r} is unknown: use infer or train")
+        if self.optimizer not in OPTIMIZERS:
+            raise PipesplitError(f"optimizer {self.optimizer!r} is unknown: use one of {', '.join(OPTIMIZERS)}")
+        if self.mode == "train" and self.backend != "torch":
+            raise PipesplitError("training runs on the torch backend (torch.distributed.pipelining's schedules run "
+                                 "the backward): use --backend torch with --mode train")
+        why = schedule_rule(self.schedule, self.stages, self.stages_per_rank, self.chunks)
+        if why is not None:
+            raise PipesplitError(why)
         if self.device not in DEVICES:
             raise PipesplitError(f"device {self.device!r} is unknown: use cpu or cuda")
         if self.threads_per_stage < 1:
@@ -113,13 +169,32 @@ class SplitPlan:
     def stages(self) -> int:
         return len(self.split_points) + 1
 
+    @property
+    def ranks(self) -> int:
+        """Processes the plan runs on: one per stage, or one per ``stages_per_rank`` stages."""
+        return self.stages // self.stages_per_rank
+
+    def rank_stages(self, rank: int) -> tuple[int, ...]:
+        """The stage indices ``rank`` holds: round-robin (rank, rank + ranks, ...), or in a V for V-schedules."""
+        if self.schedule in V_SCHEDULES:
+            return (rank, 2 * self.ranks - 1 - rank)
+        return tuple(rank + k * self.ranks for k in range(self.stages_per_rank))
+
+    @property
+    def last_rank(self) -> int:
+        """The rank that holds the last stage: it computes the loss and returns the output."""
+        return next(r for r in range(self.ranks) if self.stages - 1 in self.rank_stages(r))
+
     def split_spec(self) -> dict[str, str]:
         """FQN -> kind name, the dictionary both runtimes' ``annotate_split_points`` take (as enum names)."""
         return {p.fqn: p.kind for p in self.split_points}
 
     def describe(self) -> str:
         cuts = ", ".join(p.fqn if p.kind == "BEGINNING" else f"{p.fqn}:END" for p in self.split_points) or "(none)"
-        return f"{self.stages} stages cut at [{cuts}], chunks {self.chunks}, {self.backend}/{self.schedule}"
+        train = f", training ({self.optimizer})" if self.mode == "train" else ""
+        virtual = f" ({self.stages_per_rank} per rank on {self.ranks} ranks)" if self.stages_per_rank > 1 else ""
+        return (f"{self.stages} stages{virtual} cut at [{cuts}], chunks {self.chunks}, "
+                f"{self.backend}/{self.schedule}{train}")
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -132,6 +207,9 @@ class SplitPlan:
             "schedule": self.schedule,
             "device": self.device,
             "threads_per_stage": self.threads_per_stage,
+            **({"stages_per_rank": self.stages_per_rank} if self.stages_per_rank != 1 else {}),
+            "mode": self.mode,
+            **({"optimizer": self.optimizer} if self.mode == "train" else {}),
         }
 
     @classmethod
@@ -166,6 +244,9 @@ class SplitPlan:
             schedule=read(d, "schedule", str, "GPipe"),
             device=read(d, "device", str, "cpu"),
             threads_per_stage=read(d, "threads_per_stage", int, 1),
+            stages_per_rank=read(d, "stages_per_rank", int, 1),
+            mode=read(d, "mode", str, "infer"),
+            optimizer=read(d, "optimizer", str, "adamw"),
         )
         if "stages" in d and read(d, "stages", int) != plan.stages:
             raise PipesplitError(

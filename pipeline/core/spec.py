@@ -18,6 +18,47 @@ INPUT_DTYPES = ("int64", "int32", "bool")
 
 
 @dataclass(frozen=True, kw_only=True)
+class TensorSpec:
+    """One more input tensor of the model's forward (after the first): per-sample shape, dtype, range."""
+
+    shape: tuple[int, ...]
+    """One sample's shape; () for one value per sample."""
+    dtype: str | None = None
+    """``int64``, ``int32`` or ``bool``; None: a float input in the model's dtype, drawn from N(0, 1)."""
+    low: int = 0
+    high: int | None = None
+    """Integer inputs are drawn uniformly from [``low``, ``high``)."""
+
+    def __post_init__(self) -> None:
+        _check_input(self.shape, self.dtype, self.low, self.high, scalar=True)
+        object.__setattr__(self, "shape", tuple(int(d) for d in self.shape))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"shape": list(self.shape), "dtype": self.dtype, "low": self.low, "high": self.high}
+
+    @classmethod
+    def from_dict(cls, d: Any, where: str) -> TensorSpec:
+        if not isinstance(d, dict) or "shape" not in d:
+            raise PipesplitError(f"{where} {d!r} must be an object with a 'shape' (and dtype, low, high)")
+        return cls(shape=int_list(d["shape"], f"{where}.shape"),
+                   dtype=read(d, "dtype", str, None, where=f"{where}.", optional=True),
+                   low=read(d, "low", int, 0, where=f"{where}."),
+                   high=read(d, "high", int, None, where=f"{where}.", optional=True))
+
+
+def _check_input(shape: tuple[int, ...], dtype: str | None, low: int, high: int | None, scalar: bool = False) -> None:
+    """One line for an input description no batch can be drawn from."""
+    if dtype is not None and dtype not in INPUT_DTYPES:
+        raise PipesplitError(f"input dtype {dtype!r} is not supported: use one of "
+                             f"{', '.join(INPUT_DTYPES)} (or none for a float input)")
+    if dtype in ("int64", "int32") and (high is None or high <= low):
+        raise PipesplitError(f"integer input needs input_high > input_low (got [{low}, {high})): "
+                             "give the value range, e.g. the vocabulary size")
+    if (not shape and not scalar) or any(int(d) < 1 for d in shape):
+        raise PipesplitError(f"input shape {shape} must be positive dimensions, e.g. (3, 224, 224)")
+
+
+@dataclass(frozen=True, kw_only=True)
 class ModelSpec:
     """A randomly initialised (or checkpoint-loaded) model and the batch it is run on, rebuildable anywhere."""
 
@@ -39,6 +80,8 @@ class ModelSpec:
     input_high: int | None = None
     """Integer inputs are drawn uniformly from [``input_low``, ``input_high``) (a vocabulary's size)."""
     input_low: int = 0
+    extra_inputs: tuple[TensorSpec, ...] = ()
+    """The forward's further positional inputs (an attention mask, positions), each batched on dim 0."""
     checkpoint: str | None = None
     """Optional local ``state_dict`` file; weights do not change timing, so none is needed."""
     seed: int = 0
@@ -50,19 +93,13 @@ class ModelSpec:
                                  "hf:<model type> or --model-factory module:function")
         if self.source not in SOURCES:
             raise PipesplitError(f"model source {self.source!r} is unknown: use one of {', '.join(SOURCES)}")
-        if self.input_dtype is not None and self.input_dtype not in INPUT_DTYPES:
-            raise PipesplitError(f"input dtype {self.input_dtype!r} is not supported: use one of "
-                                 f"{', '.join(INPUT_DTYPES)} (or none for a float input)")
-        if self.input_dtype in ("int64", "int32") and (self.input_high is None or self.input_high <= self.input_low):
-            raise PipesplitError(f"integer input needs input_high > input_low (got [{self.input_low}, {self.input_high})): "
-                                 "give the value range, e.g. the vocabulary size")
+        _check_input(self.input_shape, self.input_dtype, self.input_low, self.input_high)
         if self.batch_size < 1:
             raise PipesplitError(f"batch size must be a positive integer (got {self.batch_size})")
         if self.dtype not in DTYPES:
             raise PipesplitError(f"dtype {self.dtype!r} is not supported: use one of {', '.join(DTYPES)}")
-        if not self.input_shape or any(int(d) < 1 for d in self.input_shape):
-            raise PipesplitError(f"input shape {self.input_shape} must be positive dimensions, e.g. (3, 224, 224)")
         object.__setattr__(self, "input_shape", tuple(int(d) for d in self.input_shape))
+        object.__setattr__(self, "extra_inputs", tuple(self.extra_inputs))
 
     @property
     def label(self) -> str:
@@ -84,6 +121,10 @@ class ModelSpec:
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["input_shape"] = list(self.input_shape)
+        if self.extra_inputs:  # left out when none, so single-input specs (and their cache keys) stay as they were
+            d["extra_inputs"] = [t.to_dict() for t in self.extra_inputs]
+        else:
+            del d["extra_inputs"]
         d["version"] = SPEC_VERSION
         return d
 
@@ -106,4 +147,8 @@ class ModelSpec:
         }
         if "input_shape" in d:
             args["input_shape"] = int_list(d["input_shape"], "model.input_shape")
+        extra = d.get("extra_inputs", [])
+        if not isinstance(extra, list):
+            raise PipesplitError(f"model.extra_inputs {extra!r} must be a list of input objects")
+        args["extra_inputs"] = tuple(TensorSpec.from_dict(t, f"model.extra_inputs[{i}]") for i, t in enumerate(extra))
         return cls(**args)
