@@ -97,7 +97,7 @@ def test_a_plan_that_cannot_build_fails_with_its_reason_and_the_pool_lives(pool2
 
 def test_mismatched_plan_is_refused(pool2, tiny_spec):
     three = SplitPlan(model=tiny_spec, split_points=(SplitPoint("blocks.1"), SplitPoint("blocks.2")), chunks=1)
-    with pytest.raises(PipesplitError, match="plan has 3 stages but the pool has 2"):
+    with pytest.raises(PipesplitError, match="plan runs on 3 ranks but the pool has 2"):
         pool2.run(three)
 
 

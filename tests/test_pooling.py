@@ -41,7 +41,7 @@ def test_a_lost_rank_breaks_the_group_and_a_failing_rank_explains_it():
 
 
 def test_checks_and_link_samples():
-    with pytest.raises(PipesplitError, match="plan has 2 stages but the pool has 3"):
+    with pytest.raises(PipesplitError, match="plan runs on 2 ranks but the pool has 3"):
         check_trial_args(PLAN, 3, "cpu", TrialOptions())
     with pytest.raises(PipesplitError, match="repeats must be >= 1"):
         check_trial_args(PLAN, 2, "cpu", TrialOptions(repeats=0))
