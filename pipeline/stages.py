@@ -15,7 +15,7 @@ from pipeline.batch import Batch, first_chunk
 from pipeline.core.errors import one_line
 from pipeline.core.plan import BACKENDS, MULTI_SCHEDULES, SplitPlan
 from pipeline.traces import TraceCache
-from pipeline.training import aliases, loss_fn, make_optimizer, sum_shared_grads
+from pipeline.training import aliases, loss_fn, make_optimizer, tied_grads
 
 
 @dataclass
@@ -175,12 +175,13 @@ def _trainer(plan: SplitPlan, model: nn.Module, modules: list[nn.Module], schedu
     names = aliases(model)
     params = [(names.get(n, n), p) for m in modules for n, p in m.named_parameters()]
     optimizer = make_optimizer(plan.optimizer, [p for _, p in params])
+    sum_tied = tied_grads(params, plan.ranks)
 
     def step(inp: Batch | None) -> Any:
         optimizer.zero_grad(set_to_none=True)
         losses: list[torch.Tensor] = []
         schedule.step(*args(inp), **({"target": target, "losses": losses} if last else {}))
-        sum_shared_grads(params, plan.ranks)
+        sum_tied()
         return losses
 
     return BuiltStage(modules=modules, step=step, runtime=schedule, params=params, update=optimizer.step)

@@ -8,7 +8,7 @@ check of correctness needs (batch norm over a microbatch is not batch norm over 
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import torch
@@ -21,7 +21,7 @@ from pipeline.core.errors import PipesplitError
 from pipeline.core.spec import ModelSpec
 
 __all__ = ["IGNORE", "GradCheck", "Reference", "SerialTrainer", "aliases", "check_grads", "loss_fn",
-           "make_optimizer", "make_target", "reference", "sum_shared_grads"]
+           "make_optimizer", "make_target", "reference", "tied_grads"]
 
 IGNORE = -100
 """Label of a position without a next token (the last of each sequence): left out of the loss."""
@@ -101,35 +101,49 @@ class SerialTrainer:
         self.optimizer.step()
 
 
-def sum_shared_grads(named: list[tuple[str, nn.Parameter]], world: int) -> None:
-    """Give every copy of a tied parameter (GPT-2's ``lm_head.weight`` is ``transformer.wte.weight``) the sum of
-    all copies' gradients: torch's pipelining replicates such a parameter, on one stage or on several, and
-    accumulates each copy's gradient apart, so the copies would drift apart under the optimizer."""
+def tied_grads(named: list[tuple[str, nn.Parameter]], world: int) -> Callable[[], None]:
+    """A call that gives every copy of a tied parameter (GPT-2's ``lm_head.weight`` is ``transformer.wte.weight``)
+    the sum of all copies' gradients: torch's pipelining replicates such a parameter, on one stage or on
+    several, and accumulates each copy's gradient apart, so the copies would drift apart under the optimizer.
+    The ranks agree on which names are shared on the first call (every rank makes it), once per stage."""
     groups: dict[str, list[nn.Parameter]] = {}
     for n, p in named:
         groups.setdefault(n, []).append(p)
-    every: list[dict[str, tuple[tuple[int, ...], str]] | None] = [None] * world
-    dist.all_gather_object(every, {n: (tuple(ps[0].shape), str(ps[0].dtype).removeprefix("torch."))
-                                   for n, ps in groups.items()})
-    counts: dict[str, int] = {}
-    shapes: dict[str, tuple[tuple[int, ...], str]] = {}
-    for rank_names in every:
-        for n, meta in (rank_names or {}).items():
-            counts[n] = counts.get(n, 0) + 1
-            shapes[n] = meta
-    shared = sorted(n for n, c in counts.items() if c > 1)  # the same order on every rank: one all_reduce each
     device = named[0][1].device if named else torch.device("cpu")
-    for n in shared + sorted(n for n, ps in groups.items() if len(ps) > 1 and counts[n] == 1):
-        ps = groups.get(n, [])
-        shape, dtype = shapes[n]
-        total = torch.zeros(shape, device=device, dtype=getattr(torch, dtype))
-        for p in ps:
-            if p.grad is not None:
-                total += p.grad
-        if n in shared:
-            dist.all_reduce(total)
-        for p in ps:
-            p.grad = total.clone()
+    agreed: list[tuple[str, tuple[int, ...], str, bool]] = []  # (name, shape, dtype, shared across ranks)
+    started = False
+
+    def agree() -> None:
+        every: list[dict[str, tuple[tuple[int, ...], str]] | None] = [None] * world
+        dist.all_gather_object(every, {n: (tuple(ps[0].shape), str(ps[0].dtype).removeprefix("torch."))
+                                       for n, ps in groups.items()})
+        counts: dict[str, int] = {}
+        meta: dict[str, tuple[tuple[int, ...], str]] = {}
+        for rank_names in every:
+            for n, m in (rank_names or {}).items():
+                counts[n] = counts.get(n, 0) + 1
+                meta[n] = m
+        shared = sorted(n for n, c in counts.items() if c > 1)  # the same order on every rank: one all_reduce each
+        local = sorted(n for n, ps in groups.items() if len(ps) > 1 and counts[n] == 1)
+        agreed.extend((n, *meta[n], n in shared) for n in shared + local)
+
+    def run() -> None:
+        nonlocal started
+        if not started:
+            agree()
+            started = True
+        for n, shape, dtype, shared in agreed:
+            ps = groups.get(n, [])
+            total = torch.zeros(shape, device=device, dtype=getattr(torch, dtype))
+            for p in ps:
+                if p.grad is not None:
+                    total += p.grad
+            if shared:
+                dist.all_reduce(total)
+            for p in ps:
+                p.grad = total.clone()
+
+    return run
 
 
 @dataclass(frozen=True)
