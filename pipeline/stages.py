@@ -90,6 +90,19 @@ def _names_self(module: nn.Module) -> bool:
     return graph is not None and any(node.name == "self" for node in graph.nodes)
 
 
+def _no_self_warmup(stage: Any) -> None:
+    """A V-schedule puts neighbouring stages on one rank (rank 1 of 2 holds stages 1 and 2): torch 2.14's
+    warm-up for stages built from a traced pipe still exchanges a dummy tensor with that neighbour, a
+    send to itself that gloo refuses ("Pair is not connected"); the runtime passes same-rank activations
+    directly, so only the warm-up ops with a peer on this rank are dropped."""
+    warmup = stage._get_init_p2p_neighbors_ops
+
+    def ops() -> list[Any]:
+        return [op for op in warmup() if op.group_peer != stage.group_rank]
+
+    stage._get_init_p2p_neighbors_ops = ops
+
+
 def _build_torch(plan: SplitPlan, model: nn.Module, x: Batch, rank: int, device: torch.device,
                  group: dist.ProcessGroup | None, traces: TraceCache | None = None,
                  target: torch.Tensor | None = None) -> BuiltStage:
@@ -111,6 +124,8 @@ def _build_torch(plan: SplitPlan, model: nn.Module, x: Batch, rank: int, device:
     held = plan.rank_stages(rank)
     built = [pipe.build_stage(i, device, group) for i in held]
     del pipe
+    for st in built:
+        _no_self_warmup(st)
     ran: list[str] = []
     for st in built:
         use_codegen(st.submod)

@@ -37,8 +37,16 @@ class TrialFailed(Exception):
 
 
 def plan_key(plan: SplitPlan) -> str:
-    """One string per distinct plan (cuts and chunks), to find a plan measured before."""
-    return f"{[(p.fqn, p.kind) for p in plan.split_points]}|{plan.chunks}"
+    """One string per distinct plan (cuts, chunks, and the schedule and V where not GPipe's one stage per
+    rank), to find a plan measured before."""
+    key = f"{[(p.fqn, p.kind) for p in plan.split_points]}|{plan.chunks}"
+    if (plan.schedule, plan.stages_per_rank) != ("GPipe", 1):
+        key += f"|{plan.schedule}/V{plan.stages_per_rank}"
+    return key
+
+
+PRICED = ("GPipe", "1F1B")
+"""Schedules the cost model prices (forward passes, one stage per rank): a plan on another is measured, not pruned."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -85,13 +93,19 @@ class SearchContext:
     def chunks(self) -> tuple[int, ...]:
         return self.space.chunks
 
-    def plan(self, points: tuple[SplitPoint, ...], chunks: int) -> SplitPlan:
+    def plan(self, points: tuple[SplitPoint, ...], chunks: int, layout: int = 0) -> SplitPlan:
+        lay = self.space.layouts[layout]
         return SplitPlan(model=self.spec, split_points=points, chunks=chunks, backend=self.backend,
-                         schedule=self.schedule, device=self.device, threads_per_stage=self.threads,
-                         mode=self.mode, optimizer=self.optimizer)
+                         schedule=lay.schedule, stages_per_rank=lay.per_rank, device=self.device,
+                         threads_per_stage=self.threads, mode=self.mode, optimizer=self.optimizer)
 
-    def plan_for_cuts(self, cuts: list[int] | tuple[int, ...], chunks: int) -> SplitPlan:
-        return self.plan(tuple(SplitPoint(self.profile.segments[c].fqn) for c in cuts), chunks)
+    def plan_for_cuts(self, cuts: list[int] | tuple[int, ...], chunks: int, layout: int = 0) -> SplitPlan:
+        return self.plan(tuple(SplitPoint(self.profile.segments[c].fqn) for c in cuts), chunks, layout)
+
+    def priced(self, p: PlanPoint) -> bool:
+        """Whether the cost model prices the plan's layout: one stage per rank on GPipe or 1F1B."""
+        lay = self.space.layouts[p.layout]
+        return lay.per_rank == 1 and lay.schedule in PRICED
 
     def calibrated(self) -> Machine | None:
         """The machine model refitted to every measured trial's timeline in the study (a resumed study's
@@ -117,7 +131,10 @@ class SearchContext:
         machine = self.calibrated()
         cache: dict[PlanPoint, float] = self._memo.setdefault("predictions", {})
         if p not in cache:
-            cache[p] = simulate(self.profile, p.cuts, p.chunks, self.schedule, machine=machine).speedup
+            # a layout the model does not price is scored as GPipe over its R x V stages: a ranking within
+            # the layout only (``search.proposals`` scales each layout by its own measured / predicted)
+            schedule = self.space.layouts[p.layout].schedule if self.priced(p) else "GPipe"
+            cache[p] = simulate(self.profile, p.cuts, p.chunks, schedule, machine=machine).speedup
         return cache[p]
 
     def predictor(self) -> Callable[[PlanPoint], float]:
@@ -151,26 +168,33 @@ class Objective:
         if fixed:
             plan = SplitPlan.from_dict(fixed)
         else:
-            params = {name: trial.suggest_categorical(name, list(choices)) for name, choices in ctx.space.choices().items()}
+            params = ctx.space.ask(lambda name, choices: trial.suggest_categorical(name, list(choices)))
             try:
                 point = ctx.space.decode(params)
             except ValueError as e:  # only a foreign sampler or a hand-enqueued trial can get here
                 trial.set_user_attr("infeasible", str(e))
                 raise optuna.TrialPruned(f"infeasible: {e}") from None
-            plan = ctx.plan_for_cuts(point.cuts, point.chunks)
-            prediction = simulate(ctx.profile, point.cuts, point.chunks, ctx.schedule)
-            trial.set_user_attr("predicted_speedup", prediction.speedup)
-            trial.set_user_attr("predicted_s", prediction.makespan_s)
-            trial.set_user_attr("predicted_bubble", prediction.bubble_fraction)
-            if prediction.ceiling is not None:
-                trial.set_user_attr("predicted_ceiling", prediction.ceiling)
-            machine = ctx.calibrated()
-            if machine is not None:
-                trial.set_user_attr("calibrated_speedup", ctx.calibrated_speedup(point))
+            plan = ctx.plan_for_cuts(point.cuts, point.chunks, point.layout)
+            if ctx.priced(point):
+                prediction = simulate(ctx.profile, point.cuts, point.chunks, plan.schedule)
+                trial.set_user_attr("predicted_speedup", prediction.speedup)
+                trial.set_user_attr("predicted_s", prediction.makespan_s)
+                trial.set_user_attr("predicted_bubble", prediction.bubble_fraction)
+                if prediction.ceiling is not None:
+                    trial.set_user_attr("predicted_ceiling", prediction.ceiling)
+                machine = ctx.calibrated()
+                if machine is not None:
+                    trial.set_user_attr("calibrated_speedup", ctx.calibrated_speedup(point))
+            else:
+                trial.set_user_attr("prediction", f"none: the cost model prices forward passes at one stage per rank "
+                                    f"on {' or '.join(PRICED)}, not {plan.schedule} with V = {plan.stages_per_rank}: "
+                                    "measured, not pruned")
             trial.set_user_attr("stage_blocks", ctx.space.stage_blocks(point))
         trial.set_user_attr("split_points", [p.fqn if p.kind == "BEGINNING" else f"{p.fqn}:END"
                                              for p in plan.split_points])
         trial.set_user_attr("chunks", plan.chunks)
+        trial.set_user_attr("schedule", plan.schedule)
+        trial.set_user_attr("stages_per_rank", plan.stages_per_rank)
         trial.set_user_attr("plan", plan.to_dict())
         key = plan_key(plan)
         for t in measured_trials(ctx.study):
@@ -179,7 +203,7 @@ class Objective:
                 return float(t.value or 0.0)
         # the sampler marks a revisit in storage while it samples (after this trial object was made)
         revisit = bool(ctx.study._storage.get_trial(trial._trial_id).user_attrs.get(REVISIT))
-        if ctx.prune and source is None and point is not None and not revisit:
+        if ctx.prune and source is None and point is not None and not revisit and ctx.priced(point):
             self._maybe_prune(trial, point, machine)
         trial.set_user_attr("plan_key", key)
         trial.set_user_attr(MEASURED, True)
@@ -274,6 +298,8 @@ class Objective:
                 try:
                     past = ctx.space.decode(t.params)
                 except ValueError:
+                    continue
+                if not ctx.priced(past):
                     continue
                 done.append((float(t.value or 0.0), ctx.calibrated_speedup(past)))
         predicted = ctx.calibrated_speedup(point)  # the raw model's while no calibration is fitted

@@ -1,6 +1,8 @@
 """The search's proposal rule, pure: which unmeasured plan to measure next.
 
-The calibrated cost model's ranking, best first: the best-scored plan not yet tried among the model's
+The calibrated cost model's ranking, best first (each layout's scores scaled by its own measured /
+predicted median, so that layouts the model prices alike or not at all compete on what was measured):
+the best-scored plan not yet tried among the model's
 next-best plans (a best-first walk of its ranking; the model is refitted to every measured trial's
 timeline, so the ranking learns from the measurements); with probability ``explore`` (2 %) a random
 one of those candidates instead (or, a quarter of those times, a uniformly random plan), so that a
@@ -60,11 +62,12 @@ def _unseen_random(space: PlanSpace, seen: Collection[PlanPoint], rng: random.Ra
         return None  # a huge space with this many seen plans: stop here rather than enumerate it
     from itertools import combinations
 
-    for cuts in combinations(range(1, space.n), space.stages - 1):
-        for m in space.chunks:
-            p = PlanPoint(cuts=cuts, chunks=m)
-            if p not in seen:
-                return p
+    for k in range(len(space.layouts)):
+        for cuts in combinations(range(1, space.n), space.cut_count(k)):
+            for m in space.layout_chunks(k):
+                p = PlanPoint(cuts=cuts, chunks=m, layout=k)
+                if p not in seen:
+                    return p
     return None
 
 
@@ -77,11 +80,16 @@ def propose(space: PlanSpace, measured: Sequence[Measured], seen: Collection[Pla
     ok = [m for m in measured if m.speedup == m.speedup and m.speedup > 0]
     ratios = {m.point: m.speedup / predict(m.point) for m in ok if predict(m.point) > 0}
     overall = statistics.median(ratios.values()) if ratios else 1.0
+    by_layout: dict[int, list[float]] = {}
+    for q, r in ratios.items():
+        by_layout.setdefault(q.layout, []).append(r)
+    # each layout's own measured / predicted: the model prices schedules unlike each other (or not at all)
+    level = {k: statistics.median(v) for k, v in by_layout.items()}
     weight = {m.point: m.repeats / (m.repeats + SHRINK) for m in ok}
     scored: dict[PlanPoint, float] = {}
     for p in model_best:
         if space.valid(p) and p not in seen:
-            scored[p] = predict(p) * overall
+            scored[p] = predict(p) * level.get(p.layout, overall)
     top = sorted(ok, key=lambda m: -m.speedup)[:anchors]
     for radius in range(1, space.n + 1 if top else 1):
         for m in top:

@@ -15,7 +15,7 @@ import optuna
 
 from search.coordination import claims, fail_stale, is_seed, measured_trials, repeats_spent, timed_share
 from search.objective import Objective, SearchContext, TrialFailed
-from search.seeds import seeds
+from search.seeds import layout_seeds, seeds
 
 __all__ = ["IDLE_LIMIT", "run_loop", "seed_count", "seed_study", "trial_repeats"]
 
@@ -51,12 +51,14 @@ def check_on_first_repeat(serial_s: float) -> bool:
 
 def seed_study(ctx: SearchContext, *, policies: bool = False) -> None:
     """Enqueue PiPPy's plan and the cost model's best two once per study (a resumed study keeps the ones it
-    has); ``policies`` adds every reference policy (``search.sweep`` reports them all)."""
+    has), and the model's optimum on each further layout; ``policies`` adds every reference policy
+    (``search.sweep`` reports them all)."""
     if ctx.study.user_attrs.get("seeded"):
         return
-    for s in seeds(ctx.profile, ctx.cands, ctx.stages, list(ctx.chunks), policies=policies):
+    first = seeds(ctx.profile, ctx.cands, ctx.stages, list(ctx.space.layout_chunks(0)), policies=policies)
+    for s in first + layout_seeds(ctx.profile, ctx.space):
         if s.cuts is not None:
-            params = ctx.space.encode(ctx.space.from_cuts(s.cuts, s.chunks))
+            params = ctx.space.encode(ctx.space.from_cuts(s.cuts, s.chunks, s.layout))
             ctx.study.enqueue_trial(params, user_attrs={"source": s.source}, skip_if_exists=True)
         else:
             plan = ctx.plan(s.points or (), s.chunks)

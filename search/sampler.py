@@ -65,9 +65,10 @@ class PlanSampler(optuna.samplers.BaseSampler):
         self.predict = predict
         self.model_best = list(model_best)
         self.explore = explore
-        self._walk = best_first(space, self.model_best, predict)
-        self._ranked: list[PlanPoint] = []
-        """The cost model's ranking walked so far (best first); ``_next_ranked`` extends it lazily."""
+        self._walks = [best_first(space, [p for p in self.model_best if p.layout == k], predict)
+                       for k in range(len(space.layouts))]
+        self._ranked: list[list[PlanPoint]] = [[] for _ in space.layouts]
+        """Each layout's cost-model ranking walked so far (best first); ``_next_ranked`` extends them lazily."""
         self._rng = random.Random(seed)
         self._random = optuna.samplers.RandomSampler(seed=seed)
         self.exhausted = False
@@ -102,16 +103,20 @@ class PlanSampler(optuna.samplers.BaseSampler):
         return self.space.encode(p)
 
     def _next_ranked(self, seen: set[PlanPoint]) -> list[PlanPoint]:
-        """The cost model's best plans not tried yet, best first (a few more than the stages)."""
-        self._ranked = [p for p in self._ranked if p not in seen]
+        """Each layout's best plans by the cost model not tried yet, best first (a few more than the stages)."""
         want = 2 * self.space.stages
-        for p in self._walk:
-            if len(self._ranked) >= want:
-                self._ranked.append(p)
-                break
-            if p not in seen:
-                self._ranked.append(p)
-        return self._ranked[:want]
+        out: list[PlanPoint] = []
+        for k, walk in enumerate(self._walks):
+            ranked = [p for p in self._ranked[k] if p not in seen]
+            for p in walk:
+                if len(ranked) >= want:
+                    ranked.append(p)
+                    break
+                if p not in seen:
+                    ranked.append(p)
+            self._ranked[k] = ranked
+            out += ranked[:want]
+        return out
 
     def sample_independent(self, study: optuna.Study, trial: FrozenTrial, param_name: str,
                            param_distribution: BaseDistribution) -> Any:

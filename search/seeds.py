@@ -10,8 +10,9 @@ from costmodel.types import Profile
 from pipeline.candidates import Candidates
 from pipeline.core.plan import SplitPoint
 from pipeline.core.policies import PIPPY, POLICIES, nearest_boundaries
+from search.space import PlanSpace
 
-__all__ = ["Seed", "seeds"]
+__all__ = ["Seed", "layout_seeds", "seeds"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -23,6 +24,8 @@ class Seed:
     chunks: int
     cuts: tuple[int, ...] | None = None
     points: tuple[SplitPoint, ...] | None = None
+    layout: int = 0
+    """The space's layout (schedule and V) the seed runs on."""
 
 
 def _best_chunks(profile: Profile, cuts: list[int], chunks: list[int]) -> int:
@@ -65,8 +68,19 @@ def seeds(profile: Profile, cands: Candidates, stages: int, chunks: list[int], *
         out.append(Seed(source=name, chunks=_best_chunks(profile, cuts, chunks), cuts=tuple(cuts)))
     merged: dict[tuple[object, ...], Seed] = {}
     for s in out:
-        key = (s.cuts, s.points, s.chunks)
+        key = (s.cuts, s.points, s.chunks, s.layout)
         prev = merged.get(key)
         merged[key] = s if prev is None else Seed(source=f"{prev.source}+{s.source}", chunks=prev.chunks,
                                                   cuts=prev.cuts, points=prev.points)
     return list(merged.values())
+
+
+def layout_seeds(profile: Profile, space: PlanSpace) -> list[Seed]:
+    """The cost model's optimum on each layout after the first (which ``seeds`` covers): its best cuts
+    into ranks x V stages at the chunk counts that layout's schedule allows. The model prices forward
+    passes at one stage per rank, so for V > 1 this balances the stages but does not price the schedule."""
+    out = []
+    for k, lay in enumerate(space.layouts[1:], 1):
+        best = ranked(profile, space.stages * lay.per_rank, list(space.layout_chunks(k)))[0]
+        out.append(Seed(source=f"costmodel-optimum@{lay.label}", chunks=best.chunks, cuts=best.cuts, layout=k))
+    return out

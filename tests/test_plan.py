@@ -84,9 +84,9 @@ def test_load_errors_are_one_line(tmp_path):
 @given(schedule=st.sampled_from(SCHEDULES), ranks=st.integers(1, 4), per=st.integers(1, 3), chunks=st.integers(1, 12))
 def test_a_schedule_the_rules_allow_places_every_stage_on_exactly_one_rank(schedule, ranks, per, chunks):
     stages = ranks * per
-    assume(stages >= 2 and schedule_rule(schedule, stages, per, chunks) is None)
+    assume(stages >= 2 and schedule_rule(schedule, stages, per, chunks, "train") is None)
     p = SplitPlan(model=ModelSpec(name="m", batch_size=chunks), split_points=tuple(SplitPoint(f"b{i}") for i in
-                  range(1, stages)), chunks=chunks, schedule=schedule, stages_per_rank=per)
+                  range(1, stages)), chunks=chunks, schedule=schedule, stages_per_rank=per, mode="train")
     held = [s for r in range(p.ranks) for s in p.rank_stages(r)]
     assert p.ranks == ranks and sorted(held) == list(range(stages))
     assert 0 in p.rank_stages(0) and stages - 1 in p.rank_stages(p.last_rank)
@@ -99,12 +99,14 @@ def test_a_schedule_the_rules_allow_places_every_stage_on_exactly_one_rank(sched
     ("Interleaved1F1B", 4, 2, 5, "multiple of its rounds"),
     ("Interleaved1F1B", 5, 2, 4, "do not split into 2 per rank"),
     ("1F1B", 2, 1, 1, "1F1B needs at least as many chunks as stages"),
+    ("ZBVZeroBubble", 4, 2, 4, "ZBVZeroBubble trains only"),
 ])
 def test_an_infeasible_schedule_is_refused_by_construction_with_its_rule(schedule, stages, per, chunks, rule):
-    assert rule in schedule_rule(schedule, stages, per, chunks)
+    mode = "infer" if "trains only" in rule else "train"
+    assert rule in schedule_rule(schedule, stages, per, chunks, mode)
     with pytest.raises(PipesplitError, match=rule):
         SplitPlan(model=ModelSpec(name="m", batch_size=60), split_points=tuple(SplitPoint(f"b{i}") for i in
-                  range(1, stages)), chunks=chunks, schedule=schedule, stages_per_rank=per)
+                  range(1, stages)), chunks=chunks, schedule=schedule, stages_per_rank=per, mode=mode)
 
 
 def test_virtual_stages_round_trip_and_name_their_placement():
@@ -112,5 +114,5 @@ def test_virtual_stages_round_trip_and_name_their_placement():
              stages_per_rank=2)
     assert (p.ranks, p.rank_stages(0), p.rank_stages(1), p.last_rank) == (2, (0, 2), (1, 3), 1)
     assert SplitPlan.from_dict(json.loads(json.dumps(p.to_dict()))) == p and "2 per rank on 2 ranks" in p.describe()
-    v = dataclasses.replace(p, schedule="ZBVZeroBubble")
+    v = dataclasses.replace(p, schedule="ZBVZeroBubble", mode="train")
     assert (v.rank_stages(0), v.rank_stages(1), v.last_rank) == ((0, 3), (1, 2), 0)

@@ -130,6 +130,18 @@ def test_two_virtual_stages_per_rank_interleave_and_match_the_unsplit_model(pool
 
 @pytest.mark.slow
 @pytest.mark.multiprocess
+def test_a_zero_bubble_v_schedule_trains_with_same_rank_neighbours(pool2, tiny_spec):
+    # rank 1 holds stages 1 and 2: torch's warm-up would send to itself (gloo: "Pair is not connected")
+    plan = SplitPlan(model=tiny_spec, split_points=tuple(SplitPoint(f"blocks.{i}") for i in (1, 2, 3)), chunks=4,
+                     schedule="ZBVZeroBubble", stages_per_rank=2, mode="train")
+    r = pool2.run(plan, repeats=1, warmup=0, serial_all=False)
+    assert r.ok, r.reason
+    assert r.max_abs_diff <= r.tolerance
+    assert any("W" in a for a in r.extra["actions"][1])  # weight-grad apart from input-grad
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
 def test_the_recorded_1f1b_action_order_is_the_textbook_one(pool2, tiny_spec):
     plan = SplitPlan(model=tiny_spec, split_points=(SplitPoint("blocks.2"),), chunks=4, schedule="1F1B", mode="train")
     r = pool2.run(plan, repeats=1, warmup=0, serial_all=False)

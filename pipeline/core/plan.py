@@ -51,11 +51,14 @@ def choose_chunks(typed: Sequence[int] | None, batch: int, default: Sequence[int
     return list(dict.fromkeys(typed))
 
 
-def schedule_rule(schedule: str, stages: int, per_rank: int, chunks: int) -> str | None:
-    """Why ``schedule`` cannot run ``stages`` stages, ``per_rank`` to a rank, over ``chunks`` microbatches (the
-    rules torch's schedule classes enforce), or None when it can."""
+def schedule_rule(schedule: str, stages: int, per_rank: int, chunks: int, mode: str = "infer") -> str | None:
+    """Why ``schedule`` cannot run ``stages`` stages, ``per_rank`` to a rank, over ``chunks`` microbatches in
+    ``mode`` (the rules torch's schedule classes enforce), or None when it can."""
     if schedule not in SCHEDULES:
         return f"schedule {schedule!r} is not supported: use one of {', '.join(SCHEDULES)}"
+    if schedule in V_SCHEDULES and mode != "train":
+        return (f"schedule {schedule} trains only (its action list splits every backward, and torch 2.14 fails "
+                "it forward-only): use --mode train, or Interleaved1F1B for inference")
     if per_rank < 1 or stages % per_rank:
         return f"{stages} stages do not split into {per_rank} per rank: give a stage count that is a multiple of it"
     ranks = stages // per_rank
@@ -75,11 +78,12 @@ def schedule_rule(schedule: str, stages: int, per_rank: int, chunks: int) -> str
     return None
 
 
-def schedule_chunks(chunks: Sequence[int], schedule: str, stages: int, per_rank: int = 1) -> list[int]:
+def schedule_chunks(chunks: Sequence[int], schedule: str, stages: int, per_rank: int = 1,
+                    mode: str = "infer") -> list[int]:
     """The chunk counts ``schedule`` can run (1F1B: at least one per stage), or one line with the rule."""
-    kept = [c for c in chunks if schedule_rule(schedule, stages, per_rank, c) is None]
+    kept = [c for c in chunks if schedule_rule(schedule, stages, per_rank, c, mode) is None]
     if not kept:
-        why = schedule_rule(schedule, stages, per_rank, max(chunks, default=1))
+        why = schedule_rule(schedule, stages, per_rank, max(chunks, default=1), mode)
         raise PipesplitError(f"no chunk count in {','.join(map(str, chunks))} fits: {why}")
     return kept
 
@@ -152,7 +156,7 @@ class SplitPlan:
         if self.mode == "train" and self.backend != "torch":
             raise PipesplitError("training runs on the torch backend (torch.distributed.pipelining's schedules run "
                                  "the backward): use --backend torch with --mode train")
-        why = schedule_rule(self.schedule, self.stages, self.stages_per_rank, self.chunks)
+        why = schedule_rule(self.schedule, self.stages, self.stages_per_rank, self.chunks, self.mode)
         if why is not None:
             raise PipesplitError(why)
         if self.device not in DEVICES:
