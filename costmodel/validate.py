@@ -78,14 +78,15 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     from costmodel.profile import add_cache_args, load_for_stages
     from pipeline.cli import Parser, add_model_args, spec_from_args
-    from pipeline.core.plan import SplitPlan, SplitPoint, choose_chunks, parse_chunks
+    from pipeline.core.plan import MODES, OPTIMIZERS, SplitPlan, SplitPoint, choose_chunks, parse_chunks, schedule_chunks
     from pipeline.hosts import available_cores
     from pipeline.pool import StagePool
     from pipeline.rounds import interleaved
 
     p = Parser(prog="python -m costmodel.validate", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
-                                epilog="example:\n  python -m costmodel.validate --stages 2 --chunks 1,4,8,16,32")
+                                epilog="examples:\n  python -m costmodel.validate --stages 2 --chunks 1,4,8,16,32\n"
+                                "  python -m costmodel.validate --stages 2 --mode train --schedule 1F1B --chunks 2,4,8")
     add_model_args(p)
     p.add_argument("--stages", type=int, default=2)
     p.add_argument("--chunks", default=None, help="comma-separated chunk counts, each dividing the batch (default: "
@@ -94,6 +95,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--threads-per-stage", type=int, default=1)
     p.add_argument("--backend", default="torch", choices=("torch", "pippy"))
     p.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
+    p.add_argument("--schedule", default="GPipe", choices=("GPipe", "1F1B"),
+                   help="the schedule of every plan (default GPipe; the simulator prices these two)")
+    p.add_argument("--mode", default="infer", choices=MODES,
+                   help="'train' times whole training steps; the predictions still price the forward pass only")
+    p.add_argument("--optimizer", default="adamw", choices=OPTIMIZERS)
     p.add_argument("--repeats", type=int, default=2, help="timed pipeline repeats per plan in each round (default 2)")
     p.add_argument("--rounds", type=int, default=2,
                    help="rounds over the whole grid, interleaving the plans (default 2); each plan's figure is the "
@@ -103,15 +109,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = p.parse_args(argv)
     try:
         spec = spec_from_args(args)
-        chunks = choose_chunks(None if args.chunks is None else parse_chunks(args.chunks), spec.batch_size,
-                               DEFAULT_CHUNKS)
+        chunks = schedule_chunks(choose_chunks(None if args.chunks is None else parse_chunks(args.chunks),
+                                               spec.batch_size, DEFAULT_CHUNKS), args.schedule, args.stages,
+                                 mode=args.mode)
         if args.repeats < 1 or args.rounds < 1:
             raise PipesplitError(f"--repeats {args.repeats} and --rounds {args.rounds} must be at least 1")
         prof, _ = load_for_stages(spec, stages=args.stages, device=args.device, threads=args.threads_per_stage,
                                   granularity=args.granularity, reprofile=args.reprofile, root=Path(args.cache_dir))
         grid = [(cuts, m) for cuts in _grid_cuts(len(prof.segments), args.stages, args.cuts) for m in chunks]
         plans = [SplitPlan(model=spec, split_points=tuple(SplitPoint(prof.segments[c].fqn) for c in cuts), chunks=m,
-                           backend=args.backend, device=args.device, threads_per_stage=args.threads_per_stage)
+                           backend=args.backend, device=args.device, threads_per_stage=args.threads_per_stage,
+                           schedule=args.schedule, mode=args.mode, optimizer=args.optimizer)
                  for cuts, m in grid]
         # rounds interleave the plans, so a machine that drifts over the minutes a grid takes slows all alike
         with StagePool(args.stages, device=args.device, threads_per_stage=args.threads_per_stage) as pool, \
@@ -132,8 +140,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             meas = statistics.median(measured)
             rows.append((plan, pred, meas, min(measured), max(measured), statistics.median(runs.speedups(i))))
             spans = [[(a, b) for _, a, b in ev] for ev in res[-1].events]
-            calib_rows.append(trial_rows(pred.stage_s, spans, prof.machine) if prof.machine else None)
+            # a training step's timeline holds backward work the forward model does not price: no calibration
+            calib_rows.append(trial_rows(pred.stage_s, spans, prof.machine)
+                              if prof.machine and args.mode == "infer" else None)
+            peaks = [max(r.peak_mem_bytes[k] for r in res) for k in range(len(res[0].peak_mem_bytes))]
             records.append({"cuts": cuts, "chunks": m, "predicted": pred.to_dict(), "pipeline_s": measured,
+                            "peak_mem_bytes": peaks, "schedule": args.schedule, "mode": args.mode,
                             "serial_s": [t for r in res for t in r.serial_s], "speedups": runs.speedups(i),
                             "stage_compute_s": [list(r.stage_compute_s) for r in res],
                             "events": [list(map(list, ev)) for ev in res[-1].events]})
@@ -143,14 +155,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     calibrated = leave_one_out(prof, [(r[1].cuts, r[1].chunks) for r in rows], calib_rows)
     for rec, cal in zip(records, calibrated):
         rec["calibrated_speedup"] = cal
+    if args.mode == "train":
+        print(f"training steps on {args.schedule} ({args.optimizer}): the predictions price the forward pipeline "
+              "only (a ranking hint); measured seconds and speedups are whole training steps")
     print(f"{'cut(s)':<24} {'chunks':>6} {'predicted_s':>11} {'measured_s':>10} {'spread_s':>13} {'error':>7} "
-          f"{'pred_speedup':>12} {'calibrated':>10} {'speedup':>7} {'error':>7}")
-    for (plan, pred, meas, lo, hi, speedup), cal in zip(rows, calibrated):
+          f"{'pred_speedup':>12} {'calibrated':>10} {'speedup':>7} {'error':>7}  peak_MiB/stage")
+    for (plan, pred, meas, lo, hi, speedup), cal, rec in zip(rows, calibrated, records):
         label = ",".join(pt.fqn for pt in plan.split_points)
         print(f"{label:<24} {plan.chunks:6d} {pred.makespan_s:11.3f} {meas:10.3f} {lo:6.3f}-{hi:6.3f} "
               f"{100 * (pred.makespan_s - meas) / meas:+6.1f}% {pred.speedup:12.2f} "
               f"{'-' if cal is None else format(cal, '.2f'):>10} {speedup:7.2f} "
-              f"{100 * (pred.speedup - speedup) / speedup:+6.1f}%")
+              f"{100 * (pred.speedup - speedup) / speedup:+6.1f}%  "
+              + ",".join(f"{b / 2**20:.0f}" for b in rec["peak_mem_bytes"]))
     if rows:
         ceiling = rows[0][1].ceiling
         above = sum(1 for r in rows if ceiling is not None and r[1].speedup > ceiling + 1e-9)

@@ -46,17 +46,28 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
                    help="candidate cut points: 'block' (top-level and stacked blocks) or 'layer' (inside blocks)")
 
 
-def add_runtime_args(p: argparse.ArgumentParser) -> None:
+def add_runtime_args(p: argparse.ArgumentParser, *, search: bool = False) -> None:
+    """The runtime flags; ``search`` makes --schedule and --stages-per-rank lists to search over."""
     g = p.add_argument_group("runtime")
     g.add_argument("--backend", default=None, choices=BACKENDS,
                    help="'torch' (torch.distributed.pipelining, default) or 'pippy' (torchpippy)")
-    g.add_argument("--schedule", default=None, choices=SCHEDULES, help="pipeline schedule (default GPipe)")
+    if search:
+        g.add_argument("--schedule", default=None, metavar="NAMES",
+                       help=f"schedules to search, comma-separated, or 'all' ({', '.join(SCHEDULES)}; default "
+                       "GPipe): each is a layout of the space, with the chunk counts its rules allow")
+        g.add_argument("--stages-per-rank", default=None, metavar="V,...",
+                       help="virtual stages per rank to search for the multi-stage schedules, comma-separated "
+                       "(default 2; GPipe and 1F1B always 1); --stages counts ranks, each holds V stages")
+    else:
+        g.add_argument("--schedule", default=None, choices=SCHEDULES, help="pipeline schedule (default GPipe)")
     g.add_argument("--device", default=None, choices=DEVICES, help="cpu (gloo, default) or cuda (NCCL, a GPU per stage)")
     g.add_argument("--threads-per-stage", type=int, default=None,
                    help="intra-op threads per stage process (default: cores // stages, at least 1)")
-    g.add_argument("--stages-per-rank", type=int, default=None, metavar="V",
-                   help="virtual stages per rank for the multi-stage schedules (Interleaved1F1B, LoopedBFS, "
-                        "InterleavedZeroBubble: any V; ZBVZeroBubble, DualPipeV: 2); --stages counts all stages")
+    if not search:
+        g.add_argument("--stages-per-rank", type=int, default=None, metavar="V",
+                       help="virtual stages per rank for the multi-stage schedules (Interleaved1F1B, LoopedBFS, "
+                            "InterleavedZeroBubble: any V; ZBVZeroBubble, DualPipeV: 2, training only); "
+                            "--stages counts all stages")
     g.add_argument("--mode", default=None, choices=MODES,
                    help="'infer' (forward only, default) or 'train' (forward, loss, backward and an optimizer step; "
                         "loss and gradients are checked against the serial step)")

@@ -8,6 +8,8 @@ from dataclasses import dataclass, field
 from pipeline.cli import ModelArgs
 from pipeline.core.errors import PipesplitError
 from pipeline.core.plan import parse_chunks
+from search.layouts import parse_per_rank, parse_schedules
+from search.memory import parse_size
 
 __all__ = ["DEFAULT_CHUNKS", "DEFAULT_STORAGE", "SearchConfig", "default_study_name"]
 
@@ -56,12 +58,17 @@ class SearchConfig:
     artifact_dir: str | None = None
     artifacts: bool = True
     backend: str = "torch"
-    schedule: str = "GPipe"
+    schedules: tuple[str, ...] = ("GPipe",)
+    """Schedules to search (``--schedule``, a list or ``all``): each a layout of the space where it fits."""
+    stages_per_rank: tuple[int, ...] = ()
+    """V values for the multi-stage schedules (empty: 2); ``stages`` counts ranks."""
     device: str = "cpu"
     threads_per_stage: int | None = None
     mode: str = "infer"
     """``train`` measures whole training steps; the cost model prices forward passes only, so it prunes none."""
     optimizer: str = "adamw"
+    max_stage_memory: int | None = None
+    """Bytes a stage may peak at; a measured trial over it is infeasible (None: no limit)."""
 
     def __post_init__(self) -> None:
         if self.stages < 2:
@@ -81,6 +88,9 @@ class SearchConfig:
             raise PipesplitError(f"--timeout must be a positive number of seconds (got {self.timeout_s})")
         if not self.trial_timeout_s > 0:
             raise PipesplitError(f"--trial-timeout must be a positive number of seconds (got {self.trial_timeout_s})")
+        if self.backend == "pippy" and self.schedules != ("GPipe",):
+            raise PipesplitError(f"torchpippy runs only GPipe here (got --schedule {','.join(self.schedules)}): "
+                                 "use --backend torch")
         if self.confirm_top < 0:
             raise PipesplitError(f"--confirm-top must be 0 or more (got {self.confirm_top})")
 
@@ -96,6 +106,8 @@ class SearchConfig:
                    storage=args.storage, study_name=getattr(args, "study_name", None), out=getattr(args, "out", None),
                    results_dir=args.results_dir, progress=not args.no_progress, trace=args.trace,
                    artifact_dir=args.artifact_dir, artifacts=not args.no_artifacts, backend=args.backend or "torch",
-                   schedule=args.schedule or "GPipe", device=args.device or "cpu",
+                   schedules=parse_schedules(args.schedule), stages_per_rank=parse_per_rank(args.stages_per_rank),
+                   device=args.device or "cpu",
                    threads_per_stage=args.threads_per_stage, mode=args.mode or "infer",
-                   optimizer=args.optimizer or "adamw")
+                   optimizer=args.optimizer or "adamw",
+                   max_stage_memory=None if args.max_stage_memory is None else parse_size(args.max_stage_memory))

@@ -45,12 +45,12 @@ def _alive(pid: int) -> bool:
 
 
 def measured_trials(study: optuna.Study) -> list[FrozenTrial]:
-    """Trials that ran a plan: complete, raced out (pruned after some repeats), or failed with a reason (a
+    """Trials that ran a plan: complete, raced out (pruned after some repeats), over the memory limit, or failed with a reason (a
     stale trial, whose worker died, has none and is not counted)."""
     return [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.FAIL,
                                                                  TrialState.PRUNED))
             if t.user_attrs.get(MEASURED) and (t.state == TrialState.COMPLETE or t.user_attrs.get("fail_reason")
-                                               or t.user_attrs.get("raced_out"))]
+                                               or t.user_attrs.get("raced_out") or t.user_attrs.get("over_memory"))]
 
 
 def repeats_spent(study: optuna.Study) -> int:

@@ -13,6 +13,7 @@ from pipeline.core.plan import SplitPlan
 from pipeline.export import provenance
 from search.confirm import Confirmation
 from search.coordination import MEASURED, SAMPLER, is_seed, timed_share
+from search.memory import OVER_MEMORY, format_size
 from search.objective import SearchContext
 
 
@@ -23,7 +24,7 @@ def _fmt(x: Any, spec: str = ".2f") -> str:
 def summary_rows(study: optuna.Study, confirmation: Confirmation | None) -> list[dict[str, Any]]:
     """One row per reference source and for the declared best: where it cut, predicted and measured."""
     confirmed = {r.trial: r for r in (confirmation.plans if confirmation else ())}
-    rows = []
+    rows: list[dict[str, Any]] = []
     best_no = confirmation.best_trial if confirmation else None
     for t in study.get_trials(deepcopy=False):
         if not t.user_attrs.get(MEASURED):
@@ -39,19 +40,31 @@ def summary_rows(study: optuna.Study, confirmation: Confirmation | None) -> list
             "measured": t.value if t.state == optuna.trial.TrialState.COMPLETE else None,
             "confirmed": c.median if c else None,
             "failed": t.user_attrs.get("fail_reason"),
+            "schedule": _layout_label(t.user_attrs.get("plan") or {}),
+            "peak_mib": [round(b / 2**20) for b in t.user_attrs.get("peak_mem_bytes") or []],
         })
     rows.sort(key=lambda r: (r["role"] != "BEST", -float(r["confirmed"] or r["measured"] or 0)))
     return rows
 
 
+def _layout_label(plan: dict[str, Any]) -> str:
+    """A plan's schedule, with its stages per rank where more than one: ``Interleaved1F1B/V2``."""
+    v = int(plan.get("stages_per_rank", 1))
+    name = str(plan.get("schedule", "GPipe"))
+    return name if v == 1 else f"{name}/V{v}"
+
+
 def summary_table(rows: list[dict[str, Any]]) -> str:
-    out = ["| role | source | trial | split points | chunks | predicted | measured | confirmed |",
-           "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    """The summary's table: the best and each reference, their schedule, speedups and peak memory per stage."""
+    out = ["| role | source | trial | split points | chunks | schedule | predicted | measured | confirmed "
+           "| peak MiB per stage |",
+           "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in rows:
         pts = ", ".join(r["split_points"] or [])
         measured = _fmt(r["measured"]) if not r["failed"] else f"failed: {r['failed'][:60]}"
-        out.append(f"| {r['role']} | {r['source']} | {r['trial']} | {pts} | {r['chunks']} | {_fmt(r['predicted'])} "
-                   f"| {measured} | {_fmt(r['confirmed'])} |")
+        peaks = ", ".join(map(str, r.get("peak_mib") or [])) or "-"
+        out.append(f"| {r['role']} | {r['source']} | {r['trial']} | {pts} | {r['chunks']} | {r.get('schedule', 'GPipe')} "
+                   f"| {_fmt(r['predicted'])} | {measured} | {_fmt(r['confirmed'])} | {peaks} |")
     return "\n".join(out)
 
 
@@ -107,6 +120,14 @@ def export(study: optuna.Study, ctx: SearchContext, outdir: Path, *, confirmatio
     if (study.user_attrs.get("config") or {}).get("mode") == "train":
         budget += (" Training steps (forward, loss, backward, optimizer): the cost model prices forward passes only, "
                    "so 'predicted' is the forward pipeline's speedup, a ranking hint, and no plan was pruned by it.")
+    limit = (study.user_attrs.get("config") or {}).get("max_stage_memory")
+    if limit:
+        budget += f" Memory limit: every stage at most {format_size(limit)} peak (--max-stage-memory)."
+        if best_no is None and any(t.user_attrs.get(OVER_MEMORY) for t in study.get_trials(deepcopy=False)):
+            least = min(max(t.user_attrs["peak_mem_bytes"]) for t in study.get_trials(deepcopy=False)
+                        if t.user_attrs.get(OVER_MEMORY))
+            budget += (f" No measured plan fits it (the smallest largest-stage peak was {format_size(least)}), so no "
+                       "best split was written: raise the limit, or add stages or stages per rank.")
     text = (f"# {study.study_name}\n\n{budget}\n\n"
             "Speedup = serial model on one stage's threads / pipeline, median over repeats; "
             "'confirmed' is the median of the interleaved confirmation round.\n\n" + table + "\n")
@@ -120,7 +141,7 @@ def trial_counts(study: optuna.Study) -> dict[str, int]:
     """How the study's trials ended: measured (by seeds and by the sampler; raced out among them), pruned,
     infeasible, repeated; the timed repeats spent; the space's size."""
     out = {"stored": 0, "measured": 0, "seeds": 0, "raced_out": 0, "repeats": 0, "pruned": 0, "infeasible": 0,
-           "duplicates": 0, "skipped": 0, "space": int(study.user_attrs.get("space_size") or 0)}
+           "over_memory": 0, "duplicates": 0, "skipped": 0, "space": int(study.user_attrs.get("space_size") or 0)}
     for t in study.get_trials(deepcopy=False):
         a = t.user_attrs
         out["stored"] += 1
@@ -128,6 +149,7 @@ def trial_counts(study: optuna.Study) -> dict[str, int]:
             out["measured"] += 1
             out["seeds"] += is_seed(t)
             out["raced_out"] += bool(a.get("raced_out"))
+            out["over_memory"] += bool(a.get("over_memory"))
             out["repeats"] += int(a.get("repeats", 0))
         elif a.get("pruned_by"):
             out["pruned"] += 1
@@ -144,6 +166,8 @@ def budget_line(c: dict[str, int], asked: int | None, budget_repeats: int | None
     """The search's budget in words: what was asked, what was measured, and why the rest was not."""
     own = c["measured"] - c["seeds"]
     raced = f", {c['raced_out']} of them raced out early" if c.get("raced_out") else ""
+    if c.get("over_memory"):
+        raced += f", {c['over_memory']} over --max-stage-memory (infeasible)"
     text = (f"{c['measured']} measured trials ({c['seeds']} seeds, {own} the sampler's own{raced})"
             + (f" of {asked} asked for" if asked is not None else "")
             + f", {c.get('repeats', 0)} timed repeats" + (f" of a budget of {budget_repeats}" if budget_repeats else "")

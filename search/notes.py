@@ -21,12 +21,23 @@ def _x(v: Any) -> str:
     return f"{float(v):.2f}x" if isinstance(v, (int, float)) and v == v else "-"
 
 
+def _schedule(attrs: Mapping[str, Any]) -> str:
+    """The plan's schedule (and V, and training) where it is not the default forward-only GPipe."""
+    v = int(attrs.get("stages_per_rank") or 1)
+    sched = str(attrs.get("schedule") or "GPipe")
+    train = (attrs.get("plan") or {}).get("mode") == "train"
+    if sched == "GPipe" and v == 1 and not train:
+        return ""
+    return f", schedule {sched}" + (f" with {v} stages per rank" if v > 1 else "") + (", training steps" if train else "")
+
+
 def trial_note(attrs: Mapping[str, Any], names: Sequence[str], *, number: int, state: str,
                timeline_url: str | None = None) -> str:
     """The note of one measured trial from its user attributes."""
     starts = [str(s) for s in attrs.get("split_points", [])]
     lines = [f"## Trial {number}: {state} ({attrs.get('source', '?')})", "",
-             f"**Plan**: {attrs.get('chunks', '?')} chunks, cuts at {', '.join(starts) or '-'}", ""]
+             f"**Plan**: {attrs.get('chunks', '?')} chunks, cuts at {', '.join(starts) or '-'}"
+             + _schedule(attrs), ""]
     lines += [f"- stage {k}: {r}" for k, r in enumerate(stage_ranges(starts, list(names)), 1)]
     spread = attrs.get("speedup_spread") or []
     measured = attrs.get("speedup")
@@ -40,6 +51,10 @@ def trial_note(attrs: Mapping[str, Any], names: Sequence[str], *, number: int, s
         lines += ["", "**Peak memory per stage**: " + ", ".join(f"{p / 2**20:.0f} MiB" for p in peaks)]
     if attrs.get("raced_out"):
         lines += ["", f"**Raced out**: {attrs['raced_out']}"]
+    if attrs.get("over_memory"):
+        lines += ["", f"**Infeasible**: {attrs['over_memory']}"]
+    if attrs.get("prediction"):
+        lines += ["", f"**Prediction**: {attrs['prediction']}"]
     if attrs.get("fail_reason"):
         lines += ["", f"**Failed**: {attrs['fail_reason']}"]
     if timeline_url:

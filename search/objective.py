@@ -23,6 +23,7 @@ from pipeline.core.result import TrialResult, merged
 from pipeline.core.spec import ModelSpec
 from pipeline.pooling import Pool
 from search.coordination import MEASURED, SAMPLER, measured_trials, repeats_spent, skip_reason, worker_id
+from search.memory import OVER_MEMORY, over_limit
 from search.notes import save_trial_note
 from search.pruning import PRUNE_STREAK, prune_reason
 from search.racing import band, best_value, study_cv
@@ -76,6 +77,8 @@ class SearchContext:
     check_first_repeat: bool = False
     """Check the output on the first timed repeat rather than in a run of its own (``check_on_first_repeat``)."""
     progress: bool = True
+    max_stage_memory: int | None = None
+    """Bytes a stage may peak at (``--max-stage-memory``): a measured trial over it is infeasible."""
     artifacts: Any = None
     """An Optuna artifact store: every measured trial's timeline PNG is uploaded to it (dashboard shows it)."""
     budget: int | None = None
@@ -227,10 +230,15 @@ class Objective:
             trial.set_user_attr("calibration_rows",
                                 trial_rows(prediction.stage_s, spans, ctx.profile.machine).to_dict())
         artifact = self._upload_timeline(trial, result, plan) if result.ok and ctx.artifacts is not None else None
-        state = "raced out" if raced else ("measured" if result.ok else "failed")
+        over = over_limit(result.peak_mem_bytes, ctx.max_stage_memory) if result.ok and ctx.max_stage_memory else None
+        if over:
+            trial.set_user_attr(OVER_MEMORY, over)
+        state = "over the memory limit" if over else ("raced out" if raced else ("measured" if result.ok else "failed"))
         save_trial_note(trial, ctx.space.names, state, artifact)
         if not result.ok:
             raise TrialFailed(result.reason)
+        if over:
+            raise optuna.TrialPruned(over)
         if raced:
             raise optuna.TrialPruned(str(trial.user_attrs.get("raced_out")))
         return result.speedup

@@ -15,11 +15,12 @@ import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 from pipeline.core.errors import PipesplitError
-from pipeline.core.plan import SplitPlan, choose_chunks, schedule_chunks
+from pipeline.core.plan import SplitPlan, choose_chunks
 from search.config import DEFAULT_CHUNKS, DEFAULT_STORAGE, SearchConfig, default_study_name
 from search.confirm import Confirmation
 from search.coordination import others_running
@@ -36,6 +37,8 @@ examples:
   python -m search.optimize --stages 2 --storage results/study.log   # a journal file instead of SQLite
   # resume: run the same command again; --trials is the study's total of measured trials
   python -m search.optimize --stages 2 --trace              # + torch.profiler traces of the best plan
+  python -m search.optimize --stages 2 --mode train --schedule all --max-stage-memory 2GiB   # training steps
+  python -m search.optimize --stages 2 --schedule GPipe,Interleaved1F1B --stages-per-rank 2,3 --chunks 8,16
   # several workers on one study (run the same command on each; --trials is the study's total)
   python -m search.optimize --stages 2 --storage results/study.log            # one host: a journal file
   python -m search.optimize --stages 2 --storage postgresql://user@db/pipesplit  # many hosts
@@ -56,7 +59,7 @@ def build_parser(prog: str, description: str, epilog: str, *, sweep: bool = Fals
     p = Parser(prog=prog, description=description, epilog=epilog,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     add_model_args(p)
-    add_runtime_args(p)
+    add_runtime_args(p, search=True)
     s = p.add_argument_group("search")
     if sweep:
         s.add_argument("--stages", type=int, nargs="+", default=[2, 3, 4, 6],
@@ -88,6 +91,9 @@ def build_parser(prog: str, description: str, epilog: str, *, sweep: bool = Fals
     s.add_argument("--no-prune", action="store_true",
                    help="measure every plan the sampler proposes (default: the cost model may skip a plan it predicts "
                    "clearly behind, at most 3 in a row)")
+    s.add_argument("--max-stage-memory", default=None, metavar="SIZE",
+                   help="largest peak memory a stage may use (4GiB, 512MiB): a measured plan over it is infeasible "
+                   "(kept with its figures, never declared best)")
     s.add_argument("--storage", default=DEFAULT_STORAGE, help=f"Optuna storage URL or journal file (default {DEFAULT_STORAGE})")
     if not sweep:
         s.add_argument("--study-name", default=None, help="default: <model>-s<stages>-b<batch>-<device>")
@@ -155,6 +161,8 @@ def run_study(cfg: SearchConfig, *, references: bool = False) -> StudyRun:
     from pipeline.models import build_model
     from search.confirm import confirm
     from search.export import export, export_timelines
+    from search.layouts import choose_layouts
+    from search.memory import constraint
     from search.notes import save_study_note, study_note
     from search.racing import RacingPruner
     from search.runner import check_on_first_repeat, run_loop, seed_count, seed_study, trial_repeats
@@ -168,11 +176,14 @@ def run_study(cfg: SearchConfig, *, references: bool = False) -> StudyRun:
     device = resolve_device(cfg.device, cfg.stages)
     storage = open_storage(cfg.storage)
     spec = cfg.model.resolve()
-    chunks = schedule_chunks(choose_chunks(cfg.chunks, spec.batch_size, DEFAULT_CHUNKS), cfg.schedule, cfg.stages)
     granularity = cfg.model.granularity
     cands = find_candidates(build_model(spec), spec, granularity)
     cands.check_stages(cfg.stages, spec.label)
     stages = cfg.stages
+    choice = choose_layouts(cfg.schedules, cfg.stages_per_rank, ranks=stages, mode=cfg.mode,
+                            chunks=choose_chunks(cfg.chunks, spec.batch_size, DEFAULT_CHUNKS),
+                            segments=cands.max_stages)
+    chunks = list(choice.chunks)
     threads = cfg.threads_per_stage or default_threads(stages)
     trials = cfg.trials or (12 if stages == 2 else 14)
     if cfg.trials is None and cfg.budget_repeats is not None:
@@ -187,7 +198,9 @@ def run_study(cfg: SearchConfig, *, references: bool = False) -> StudyRun:
         art_dir.mkdir(parents=True, exist_ok=True)
         artifacts = FileSystemArtifactStore(art_dir)
     config = {"model": spec.key, "stages": stages, "granularity": granularity, "device": device,
-              "threads_per_stage": threads, "backend": cfg.backend, "schedule": cfg.schedule, "space": SPACE_VERSION,
+              "threads_per_stage": threads, "backend": cfg.backend, "schedule": ",".join(cfg.schedules),
+              **({"stages_per_rank": list(cfg.stages_per_rank)} if cfg.stages_per_rank else {}), "space": SPACE_VERSION,
+              **({"max_stage_memory": cfg.max_stage_memory} if cfg.max_stage_memory else {}),
               **({"mode": "train", "optimizer": cfg.optimizer} if cfg.mode == "train" else {})}
     # failed trials are reported in one line by the search loop, not with optuna's traceback
     optuna.logging.set_verbosity(optuna.logging.ERROR)
@@ -224,23 +237,30 @@ def run_study(cfg: SearchConfig, *, references: bool = False) -> StudyRun:
             serial_s *= 3  # a training step: the forward, a backward of about twice its work, the optimizer
         repeats = trial_repeats(cfg.repeats, serial_s, cfg.min_trial_seconds)
         cap = (cfg.repeat_cap or 2 * repeats) if cfg.race else None
-        space = PlanSpace(names=tuple(seg.fqn for seg in prof.segments), stages=stages, chunks=tuple(chunks))
+        space = PlanSpace(names=tuple(seg.fqn for seg in prof.segments), stages=stages, chunks=tuple(chunks),
+                          layouts=choice.layouts)
         study.set_user_attr("space_size", space.size)
         print(f"study {name} in {cfg.storage}: {len(cands.cuts)} cut points, chunks {chunks}, {space.size} plans, "
               f"{threads} thread(s)/stage, " + (f"{repeats} repeats per trial (racing, up to {cap})" if cap else
                                                 f"{repeats} repeats per trial") +
               f"; profile {'from cache' if cached else 'measured'}", flush=True)
+        if space.multi or choice.skipped:
+            print(f"layouts: {', '.join(f'{lay.label} (chunks {list(lay.chunks)})' for lay in space.layouts)}"
+                  + "".join(f"\n  left out: {why}" for why in choice.skipped), flush=True)
         started = time.monotonic()
         ctx = SearchContext(study=study, pool=pool, profile=prof, cands=cands, spec=spec, space=space,
-                            threads=threads, backend=cfg.backend, schedule=cfg.schedule, device=device,
+                            threads=threads, backend=cfg.backend, schedule=space.layouts[0].schedule, device=device,
                             mode=cfg.mode, optimizer=cfg.optimizer,
                             repeats=repeats, repeat_cap=cap, budget_repeats=cfg.budget_repeats,
                             # the cost model prices forward passes: a training plan it cannot price is measured
                             trial_timeout_s=cfg.trial_timeout_s, prune=cfg.prune and cfg.mode == "infer",
-                            progress=cfg.progress,
+                            progress=cfg.progress, max_stage_memory=cfg.max_stage_memory,
                             artifacts=artifacts, budget=trials, check_first_repeat=check_on_first_repeat(serial_s))
-        model_best = [PlanPoint(cuts=p.cuts, chunks=p.chunks) for p in ranked(prof, stages, chunks)]
-        study.sampler = PlanSampler(space, ctx.predictor(), model_best, seed=cfg.model.seed)
+        model_best = [PlanPoint(cuts=p.cuts, chunks=p.chunks, layout=k) for k, lay in enumerate(space.layouts)
+                      for p in ranked(prof, stages * lay.per_rank, list(lay.chunks))]
+        limit = cfg.max_stage_memory
+        study.sampler = PlanSampler(space, ctx.predictor(), model_best, seed=cfg.model.seed,
+                                    constraints=None if limit is None else partial(constraint, limit=limit))
         save_study_note(study, study_note(config, space.size, study.user_attrs.get("ceiling")))
         try:
             seed_study(ctx, policies=references)

@@ -60,8 +60,11 @@ class PlanSampler(optuna.samplers.BaseSampler):
     """Proposes the next plan by the search's rule; ``predict`` is the (calibrated) cost model's speedup."""
 
     def __init__(self, space: PlanSpace, predict: Callable[[PlanPoint], float], model_best: Sequence[PlanPoint], *,
-                 seed: int | None = None, explore: float = EXPLORE) -> None:
+                 seed: int | None = None, explore: float = EXPLORE,
+                 constraints: Callable[[FrozenTrial], Sequence[float]] | None = None) -> None:
         self.space = space
+        self.constraints = constraints
+        """Optuna's constraints function (``--max-stage-memory``): stored with each finished trial."""
         self.predict = predict
         self.model_best = list(model_best)
         self.explore = explore
@@ -117,6 +120,14 @@ class PlanSampler(optuna.samplers.BaseSampler):
             self._ranked[k] = ranked
             out += ranked[:want]
         return out
+
+    def after_trial(self, study: optuna.Study, trial: FrozenTrial, state: TrialState,
+                    values: Sequence[float] | None) -> None:
+        """Store the trial's constraint values as Optuna's own samplers do (optuna-dashboard reads them)."""
+        if self.constraints is not None:
+            from optuna.samplers._base import _process_constraints_after_trial
+
+            _process_constraints_after_trial(self.constraints, study, trial, state)
 
     def sample_independent(self, study: optuna.Study, trial: FrozenTrial, param_name: str,
                            param_distribution: BaseDistribution) -> Any:

@@ -5,12 +5,12 @@ from search.export import summary_table
 
 def test_summary_table_marks_the_best_and_a_failed_reference():
     rows = [{"role": "BEST", "source": "sampler", "trial": 7, "split_points": ["blocks.2"], "chunks": 4, "predicted": 1.8,
-             "measured": 1.7, "confirmed": 1.65, "failed": None},
+             "measured": 1.7, "confirmed": 1.65, "failed": None, "schedule": "Interleaved1F1B/V2", "peak_mib": [310, 290]},
             {"role": "reference", "source": "pippy-equal-size", "trial": 0, "split_points": ["blocks.1.mlp.fc1"],
              "chunks": 2, "predicted": None, "measured": None, "confirmed": None, "failed": "rank 1 failed mid-trial"}]
     lines = summary_table(rows).splitlines()
-    assert lines[2] == "| BEST | sampler | 7 | blocks.2 | 4 | 1.80 | 1.70 | 1.65 |"
-    assert lines[3].startswith("| reference | pippy-equal-size | 0 | blocks.1.mlp.fc1 | 2 | - | failed: rank 1")
+    assert lines[2] == "| BEST | sampler | 7 | blocks.2 | 4 | Interleaved1F1B/V2 | 1.80 | 1.70 | 1.65 | 310, 290 |"
+    assert lines[3].startswith("| reference | pippy-equal-size | 0 | blocks.1.mlp.fc1 | 2 | GPipe | - | failed: rank 1")
 
 
 def test_a_search_that_measured_fewer_trials_than_asked_says_why():

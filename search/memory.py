@@ -1,0 +1,52 @@
+"""The memory limit of a search (``--max-stage-memory``), pure: sizes as people write them, and the rule.
+
+A measured trial whose largest stage peaked over the limit is infeasible: it is kept (pruned, with its
+figures and the reason), never declared best, and Optuna's constraint for it is that stage's peak less
+the limit in MiB (positive: over), which optuna-dashboard shows as infeasible.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+
+from optuna.trial import FrozenTrial
+
+from pipeline.core.errors import PipesplitError
+
+__all__ = ["OVER_MEMORY", "constraint", "format_size", "over_limit", "parse_size"]
+
+OVER_MEMORY = "over_memory"
+"""User attribute of a measured trial over the limit: the reason, with the figures."""
+
+UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "m": 1000**2, "mb": 1000**2, "g": 1000**3, "gb": 1000**3,
+         "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40, "tb": 1000**4}
+
+
+def parse_size(text: str) -> int:
+    """``4GiB``, ``512MiB``, ``1.5GB`` or a byte count: bytes; one line naming the value otherwise."""
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", text)
+    unit = m.group(2).lower() if m else ""
+    if m is None or unit not in UNITS or float(m.group(1)) <= 0:
+        raise PipesplitError(f"--max-stage-memory {text!r} is not a positive size: write it like 4GiB, 512MiB or 2GB")
+    return int(float(m.group(1)) * UNITS[unit])
+
+
+def format_size(n: float) -> str:
+    return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.0f} MiB"
+
+
+def over_limit(peaks: Sequence[int], limit: int) -> str | None:
+    """Why a trial whose ranks peaked at ``peaks`` breaks ``limit``, or None when every stage fits."""
+    if not peaks or max(peaks) <= limit:
+        return None
+    worst = max(range(len(peaks)), key=lambda r: peaks[r])
+    return (f"stage {worst} peaked at {format_size(peaks[worst])}, over --max-stage-memory {format_size(limit)} "
+            f"(peaks per stage: {', '.join(format_size(p) for p in peaks)})")
+
+
+def constraint(trial: FrozenTrial, limit: int) -> tuple[float, ...]:
+    """Optuna's constraint of a trial: its largest stage's peak less the limit, in MiB (<= 0 is feasible);
+    empty for a trial that measured nothing."""
+    peaks = trial.user_attrs.get("peak_mem_bytes") or []
+    return ((max(peaks) - limit) / 2**20,) if peaks else ()
