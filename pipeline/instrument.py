@@ -22,21 +22,49 @@ CommSpan = tuple[str, float, float]
 """(kind, start, end): ``send`` (post), ``send_wait``, ``recv`` (post to end of wait)."""
 
 
+def _trim() -> None:
+    """Hand freed heap back to the OS (glibc's malloc_trim), so that the resident size a peak starts from
+    is what is held, not what an earlier step (the serial model's, on rank 0) freed."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
+
 class Peak:
-    """Peak memory of this process during a trial: VmHWM reset through clear_refs, or CUDA's counter."""
+    """Peak memory of this process over a window: VmHWM reset through clear_refs, or CUDA's counter."""
 
     def __init__(self, device: torch.device) -> None:
         self.device = device
+        self.base = 0
+        """Memory held when the window opened (resident on CPU, allocated on CUDA)."""
 
     def reset(self) -> None:
+        """Open a window: the peak starts again from what is held now."""
         if self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.device)
+            self.base = int(torch.cuda.memory_allocated(self.device))
             return
+        _trim()
         try:
             with open("/proc/self/clear_refs", "w") as f:
                 f.write("5")
         except OSError:
             pass
+        self.base = self._status("VmRSS:")
+
+    @staticmethod
+    def _status(field: str) -> int:
+        try:
+            with open("/proc/self/status") as f:
+                for line in f:
+                    if line.startswith(field):
+                        return int(line.split()[1]) * 1024
+        except OSError:
+            pass
+        return 0
 
     def read(self) -> int:
         if self.device.type == "cuda":

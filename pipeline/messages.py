@@ -86,9 +86,12 @@ class TrialReply:
     """The last repeat's start on this host's monotonic clock (ranks on one host share it)."""
     host: str
     peak_mem_bytes: int
+    """The highest over this rank's timed pipeline runs (``Peak``, reset before each)."""
     busy_s: float
     """From receiving the plan to answering: the trial's own work on this rank."""
     trace: str | None = None
+    base_mem_bytes: int = 0
+    """Memory held as a timed run started (the least over runs)."""
     phases: tuple[float, float, float, float] = (0.0, 0.0, 0.0, 0.0)
     """Seconds this rank spent to build (until every rank had built), check, warm up and time."""
     actions: tuple[str, ...] = ()

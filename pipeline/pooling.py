@@ -103,6 +103,7 @@ def result_from_replies(plan: SplitPlan, replies: Sequence[Reply], wall: float) 
         stage_comm_s=tuple(median(d.comm_s) for d in ranks),
         boundary_bytes=tuple(d.out_bytes for d in ranks[:-1]),
         peak_mem_bytes=tuple(d.peak_mem_bytes for d in ranks),
+        base_mem_bytes=tuple(d.base_mem_bytes for d in ranks),
         max_abs_diff=ranks[-1].max_abs_diff,
         tolerance=ranks[-1].tolerance,
         build_s=max(d.build_s for d in ranks),

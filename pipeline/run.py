@@ -170,10 +170,11 @@ def format_result(result: TrialResult) -> str:
     for i, (s, p) in enumerate(zip(result.serial_s, result.pipeline_s)):
         extra = f"  {result.serial_all_s[i]:12.3f}" if result.serial_all_s else ""
         lines.append(f"{i:6d}  {s:8.3f}  {p:10.3f}{extra}")
-    lines.append("stage  compute_s  comm+wait_s  peak_mem_MiB  sends_MiB")
+    lines.append("stage  compute_s  comm+wait_s  peak_mem_MiB  step_adds_MiB  sends_MiB")
     for r, (c, w) in enumerate(zip(result.stage_compute_s, result.stage_comm_s)):
         sent = f"{result.boundary_bytes[r] / 2**20:9.2f}" if r < len(result.boundary_bytes) else "        -"
-        lines.append(f"{r:5d}  {c:9.3f}  {w:11.3f}  {result.peak_mem_bytes[r] / 2**20:12.0f}  {sent}")
+        adds = (result.peak_mem_bytes[r] - result.base_mem_bytes[r]) / 2**20 if result.base_mem_bytes else float("nan")
+        lines.append(f"{r:5d}  {c:9.3f}  {w:11.3f}  {result.peak_mem_bytes[r] / 2**20:12.0f}  {adds:13.0f}  {sent}")
     if result.plan.mode == "train":
         lines.append(f"training step check (loss and every gradient vs the serial step; the worst, relative to its "
                      f"scale): max |diff| {result.max_abs_diff:.2e} <= {result.tolerance:.1e}")

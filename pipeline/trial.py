@@ -149,6 +149,7 @@ def run_trial(state: RankState, plan: SplitPlan, opts: TrialOptions) -> TrialRep
     checked = kept is not None  # the output check passed when a kept stage was built, in the trial that kept it
     diff, tol, out_bytes = (kept[2], kept[3], kept[4]) if kept is not None else (float("nan"), float("nan"), 0)
     check_in_loop = 0.0
+    peak, base = 0, 2**62
     trainer = SerialTrainer(model, plan.optimizer, target) if train and rank == 0 and target is not None else None
 
     def serial_run() -> Any:
@@ -188,7 +189,9 @@ def run_trial(state: RankState, plan: SplitPlan, opts: TrialOptions) -> TrialRep
             for _ in range(opts.repeats):
                 if opts.serial:
                     serial.append(state.serial(serial_run, None))
+                state.peak.reset()  # the pipeline's own peak: not the build's, nor the serial model's
                 wall, busy, events, comm_events, t0_abs, y = _pipeline_once(state, stage, x, clock, comm)
+                peak, base = max(peak, state.peak.read()), min(base, state.peak.base)
                 pipe.append(wall)
                 c = sum(b - a for _, a, b in events)
                 compute.append(c)
@@ -215,7 +218,8 @@ def run_trial(state: RankState, plan: SplitPlan, opts: TrialOptions) -> TrialRep
                       serial_s=tuple(serial), serial_all_s=tuple(serial_all), pipeline_s=tuple(pipe),
                       compute_s=tuple(compute), comm_s=tuple(waits), events=tuple(events),
                       comm_events=tuple(comm_events), t0=t0_abs, host=socket.gethostname(),
-                      peak_mem_bytes=state.peak.read(), busy_s=time.perf_counter() - t_recv, trace=trace,
+                      peak_mem_bytes=peak if pipe else state.peak.read(), base_mem_bytes=base if pipe else 0,
+                      busy_s=time.perf_counter() - t_recv, trace=trace,
                       phases=(build_s, t_checked - t_built + check_in_loop, t_warm - t_checked,
                               t_timed - t_warm - check_in_loop), actions=tuple(stage.actions))
 

@@ -92,7 +92,11 @@ class TrialResult:
     boundary_bytes: tuple[int, ...] = ()
     """Bytes of activations crossing each cut for one whole batch."""
     peak_mem_bytes: tuple[int, ...] = ()
-    """Per rank peak resident memory during the trial (CPU) or peak allocated GPU memory (CUDA)."""
+    """Per rank peak resident memory (CPU) or peak allocated GPU memory (CUDA) during the timed pipeline runs
+    (not the build, nor the serial model that rank 0 also times)."""
+    base_mem_bytes: tuple[int, ...] = ()
+    """Per rank memory held as a timed run starts (the least over runs): parameters, gradients, optimizer
+    state, the runtime; the peak less this is what a step adds, activations above all."""
     max_abs_diff: float = float("nan")
     """Largest |pipeline output - unsplit model output|."""
     tolerance: float = float("nan")
@@ -164,7 +168,7 @@ class TrialResult:
         args["plan"] = SplitPlan.from_dict(d["plan"])
         for k in ("serial_s", "serial_all_s", "pipeline_s", "stage_compute_s", "stage_comm_s"):
             args[k] = tuple(float(x) for x in args.get(k, ()))
-        for k in ("boundary_bytes", "peak_mem_bytes"):
+        for k in ("boundary_bytes", "peak_mem_bytes", "base_mem_bytes"):
             args[k] = tuple(int(x) for x in args.get(k, ()))
         args["events"] = tuple(tuple(tuple(e) for e in rank) for rank in args.get("events", ()))
         args["comm_events"] = tuple(tuple(tuple(e) for e in rank) for rank in args.get("comm_events", ()))
@@ -199,8 +203,10 @@ def merged(parts: list[TrialResult]) -> TrialResult:
     kept = [p.breakdown for p in parts if p.breakdown is not None]
     breakdown = Breakdown.summed(kept) if len(kept) == len(parts) else None
     peaks = tuple(max(p.peak_mem_bytes[r] for p in parts) for r in range(len(first.peak_mem_bytes)))
+    bases = tuple(min(p.base_mem_bytes[r] for p in parts) for r in range(len(first.base_mem_bytes)))
     return replace(last, serial_s=joined("serial_s"), serial_all_s=joined("serial_all_s"),
                    pipeline_s=joined("pipeline_s"), stage_compute_s=weighted("stage_compute_s"),
-                   stage_comm_s=weighted("stage_comm_s"), peak_mem_bytes=peaks, max_abs_diff=first.max_abs_diff,
+                   stage_comm_s=weighted("stage_comm_s"), peak_mem_bytes=peaks, base_mem_bytes=bases,
+                   max_abs_diff=first.max_abs_diff,
                    tolerance=first.tolerance, build_s=first.build_s, wall_s=sum(p.wall_s for p in parts),
                    busy_s=sum(p.busy_s for p in parts), boundary_bytes=first.boundary_bytes, breakdown=breakdown)
