@@ -9,6 +9,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+import torch.fx as fx
 from torch import nn
 
 from pipeline.batch import Batch, first_chunk
@@ -56,16 +57,21 @@ def contiguous_receives(split_gm: Any) -> int:
     the placeholder's ``meta["val"]``); a value that crosses a cut as a strided view (a ViT's ``x[:, 0]``
     before ``head``, a ConvNeXt activation after its NCHW->NHWC permute, at a BEGINNING or an END cut)
     would arrive in a non-contiguous buffer, which gloo refuses ("input tensor has to be contiguous").
-    The sender's outputs are made contiguous (``_contiguous``); so are the buffers here. Eager stage code
-    does not depend on the strides of its inputs.
+    The sender's outputs are made contiguous (``_contiguous``); so are the buffers here, and, for training,
+    the outputs' recorded strides, from which torch allocates the buffer the gradient comes back into.
+    Eager stage code does not depend on the strides of its inputs.
     """
     changed = 0
     for sub in split_gm.children():
         graph = getattr(sub, "graph", None)
         if graph is None:
             continue
+        outputs: set[Any] = set()
         for node in graph.nodes:
-            val = node.meta.get("val") if node.op == "placeholder" else None
+            if node.op == "output":
+                fx.node.map_arg(node.args, outputs.add)
+        for node in graph.nodes:
+            val = node.meta.get("val") if node.op == "placeholder" or node in outputs else None
             if isinstance(val, torch.Tensor) and not val.is_contiguous():
                 node.meta["val"] = torch.empty(val.shape, dtype=val.dtype, device="meta")
                 changed += 1
