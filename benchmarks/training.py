@@ -28,6 +28,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+
 def _layout(plan: Any) -> str:
     return plan.schedule if plan.stages_per_rank == 1 else f"{plan.schedule}/V{plan.stages_per_rank}"
 
