@@ -57,12 +57,12 @@ def segment_flops(spec: ModelSpec, granularity: str, m: int) -> list[int]:
 
 
 def profile_key(spec: ModelSpec, device: str, threads: int, granularity: str, micro_sizes: Sequence[int],
-                concurrency: int = 1) -> str:
+                concurrency: int = 1, train: bool = False) -> str:
     from importlib import metadata
 
     blob = json.dumps({"model": spec.key, "device": device, "threads": threads, "granularity": granularity,
                        "micro": list(micro_sizes), "concurrency": concurrency, "torch": torch.__version__,
-                       "timm": metadata.version("timm")}, sort_keys=True)
+                       "timm": metadata.version("timm"), **({"train": True} if train else {})}, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
@@ -79,7 +79,7 @@ def measure_link(device: str, sizes: Sequence[int], repeats: int = 5) -> Link:
 
 def profile_model(spec: ModelSpec, *, device: str = "cpu", threads: int = 1, granularity: str = "block",
                   micro_sizes: Sequence[int] | None = None, repeats: int = 3, warmup: int = 1,
-                  concurrency: int = 1, link: Link | None = None, pool: Any = None) -> Profile:
+                  concurrency: int = 1, link: Link | None = None, pool: Any = None, train: bool = False) -> Profile:
     """Measure a fresh profile (see the module docstring).
 
     With ``concurrency`` S > 1 the segments are timed in S stage workers at once, each on its own
@@ -111,7 +111,7 @@ def profile_model(spec: ModelSpec, *, device: str = "cpu", threads: int = 1, gra
         torch.set_num_threads(threads)
         try:
             first = time_segments(spec, granularity=granularity, micro=micro, repeats=repeats, warmup=warmup,
-                                  device=torch.device("cuda" if device == "cuda" else "cpu"))
+                                  device=torch.device("cuda" if device == "cuda" else "cpu"), train=train)
         finally:
             torch.set_num_threads(before)
         lat = {m: list(v) for m, v in first.latency_s.items()}
@@ -126,14 +126,18 @@ def profile_model(spec: ModelSpec, *, device: str = "cpu", threads: int = 1, gra
     segments = tuple(
         Segment(fqn=first.blocks[k], flops=int(flops[k]), param_bytes=int(first.param_bytes[k]),
                 out_bytes=int(first.cross_bytes[k]) if k < n - 1 else 0,
-                latency_s={m: lat[m][k] for m in micro}, latency_spread={m: (spread[m][k][0], spread[m][k][1]) for m in micro})
+                latency_s={m: lat[m][k] for m in micro}, latency_spread={m: (spread[m][k][0], spread[m][k][1]) for m in micro},
+                backward_s={m: first.backward_s[m][k][0] for m in first.backward_s},
+                input_grad_s={m: first.backward_s[m][k][1] for m in first.backward_s},
+                weight_grad_s={m: first.backward_s[m][k][2] for m in first.backward_s},
+                optimizer_s=first.optimizer_s[k] if first.optimizer_s else None)
         for k in range(n)
     )
     from pipeline.export import provenance
 
     return Profile(model=spec.to_dict(), device=device, threads=threads, granularity=granularity,
                    batch_size=spec.batch_size, segments=segments, link=link, concurrency=concurrency,
-                   versions=provenance(), key=profile_key(spec, device, threads, granularity, micro, concurrency))
+                   versions=provenance(), key=profile_key(spec, device, threads, granularity, micro, concurrency, train))
 
 
 def _link_sizes(measured: SegmentReply, micro: Sequence[int]) -> list[int]:
@@ -143,12 +147,13 @@ def _link_sizes(measured: SegmentReply, micro: Sequence[int]) -> list[int]:
 def load_or_profile(spec: ModelSpec, *, device: str = "cpu", threads: int = 1, granularity: str = "block",
                     micro_sizes: Sequence[int] | None = None, reprofile: bool = False, root: Path = PROFILE_DIR,
                     repeats: int = 3, concurrency: int = 1, quiet: bool = False,
-                    pool: Any = None) -> tuple[Profile, bool]:
-    """(profile, whether it came from the cache): reuse ``results/profiles/`` unless told to measure again."""
+                    pool: Any = None, train: bool = False) -> tuple[Profile, bool]:
+    """(profile, whether it came from the cache): reuse ``results/profiles/`` unless told to measure again;
+    ``train`` (one stage at a time only) also times each segment's backward and optimizer step."""
     from pipeline.core.atomic import write_json
 
     micro = sorted(set(micro_sizes or divisors(spec.batch_size)) | {spec.batch_size})
-    key = profile_key(spec, device, threads, granularity, micro, concurrency)
+    key = profile_key(spec, device, threads, granularity, micro, concurrency, train)
     path = cache_path(spec, key, root)
     if path.exists() and not reprofile:
         try:
@@ -159,7 +164,7 @@ def load_or_profile(spec: ModelSpec, *, device: str = "cpu", threads: int = 1, g
         print(f"profiling {spec.label} (batch {spec.batch_size}, {threads} thread(s), {device}, {concurrency} "
               f"stage(s) at once) at microbatch sizes {micro} ...", file=sys.stderr, flush=True)
     prof = profile_model(spec, device=device, threads=threads, granularity=granularity, micro_sizes=micro,
-                         repeats=repeats, concurrency=concurrency, pool=pool)
+                         repeats=repeats, concurrency=concurrency, pool=pool, train=train)
     write_json(path, prof.to_dict())
     return prof, False
 
@@ -177,7 +182,7 @@ def contention(alone: Profile, together: Profile, machine: Machine) -> float:
 def load_for_stages(spec: ModelSpec, *, stages: int, device: str = "cpu", threads: int = 1,
                     granularity: str = "block", micro_sizes: Sequence[int] | None = None, reprofile: bool = False,
                     root: Path = PROFILE_DIR, repeats: int = 3, quiet: bool = False,
-                    pool: Any = None) -> tuple[Profile, bool]:
+                    pool: Any = None, train: bool = False) -> tuple[Profile, bool]:
     """The profile a search or a validation of ``stages`` stages predicts with: every segment timed alone
     (what the serial model runs like, and a stage whose neighbours wait), plus a machine model whose
     contention at ``stages`` busy stages comes from timing the segments in ``stages`` workers at once
@@ -186,7 +191,8 @@ def load_for_stages(spec: ModelSpec, *, stages: int, device: str = "cpu", thread
 
     micro = sorted(set(micro_sizes or divisors(spec.batch_size)) | {spec.batch_size})
     alone, cached = load_or_profile(spec, device=device, threads=threads, granularity=granularity, micro_sizes=micro,
-                                    reprofile=reprofile, root=root, repeats=repeats, quiet=quiet, pool=pool)
+                                    reprofile=reprofile, root=root, repeats=repeats, quiet=quiet, pool=pool,
+                                    train=train)
     cores = available_cores() if device == "cpu" else stages
     machine = Machine(device=device, cores=cores, threads=threads)
     if device == "cpu" and stages > 1:
@@ -212,6 +218,13 @@ def format_profile(prof: Profile) -> str:
                 f"{sum(s.param_bytes for s in prof.segments) / 1e6:10.2f} {'':>14} {tot}")
     rows.append(f"link ({prof.link.backend}): latency {prof.link.latency_s * 1e6:.1f} us, "
                 f"bandwidth {prof.link.bandwidth_Bps / 1e9:.2f} GB/s")
+    if prof.segments[0].backward_s:
+        m = max(prof.segments[0].backward_s)
+        rows.append(f"training, at microbatch {m} (ms): {'segment':<22} {'forward':>8} {'backward':>8} {'input':>8} "
+                    f"{'weight':>8} {'optimizer':>9}")
+        for s in prof.segments:
+            rows.append(f"{'':<35}{s.fqn:<22} {s.latency_s[m] * 1e3:8.2f} {s.backward_s[m] * 1e3:8.2f} "
+                        f"{s.input_grad_s[m] * 1e3:8.2f} {s.weight_grad_s[m] * 1e3:8.2f} {(s.optimizer_s or 0) * 1e3:9.2f}")
     return "\n".join(rows)
 
 
@@ -236,17 +249,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--stages", type=int, default=1,
                    help="time the segments in this many stage workers at once, as a pipeline of that many stages "
                    "would run them (default 1: alone)")
+    p.add_argument("--train", action="store_true",
+                   help="also time each segment's backward (whole, input grad, weight grad) and an AdamW step, "
+                   "as a training search's profile does (with --stages 1)")
     add_cache_args(p)
     p.add_argument("--out", default=None, help="also write the profile JSON here")
     args = p.parse_args(argv)
     try:
         spec = spec_from_args(args)
         micro = [int(t) for t in args.micro_sizes.split(",")] if args.micro_sizes else None
+        if args.train and args.stages > 1:
+            raise PipesplitError("--train times segments one stage at a time: drop --stages or --train")
         if args.device == "cuda" and not torch.cuda.is_available():
             raise PipesplitError("--device cuda but no GPU is visible: use --device cpu")
         prof, cached = load_or_profile(spec, device=args.device, threads=args.threads, granularity=args.granularity,
                                        micro_sizes=micro, reprofile=args.reprofile, repeats=args.repeats,
-                                       concurrency=args.stages, root=Path(args.cache_dir))
+                                       concurrency=args.stages, root=Path(args.cache_dir), train=args.train)
     except (PipesplitError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

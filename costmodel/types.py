@@ -25,6 +25,14 @@ class Segment:
     """Median forward seconds of this segment at each microbatch size."""
     latency_spread: dict[int, tuple[float, float]] = field(default_factory=dict)
     """(min, max) of the repeats behind each median."""
+    backward_s: dict[int, float] = field(default_factory=dict)
+    """Training profiles: median seconds of the segment's whole backward (inputs' and weights' gradients)."""
+    input_grad_s: dict[int, float] = field(default_factory=dict)
+    """Training profiles: the inputs' gradient alone (a zero-bubble schedule's ``I``)."""
+    weight_grad_s: dict[int, float] = field(default_factory=dict)
+    """Training profiles: the weights' gradient after it (``W``)."""
+    optimizer_s: float | None = None
+    """Training profiles: one optimizer step over the segment's parameters (AdamW; independent of microbatch)."""
 
     def latency(self, m: int) -> float:
         """Seconds at microbatch size ``m``; between measured sizes, per-sample time is interpolated."""
@@ -146,6 +154,8 @@ class Profile:
         for s in d["segments"]:
             s["latency_s"] = {str(k): v for k, v in s["latency_s"].items()}
             s["latency_spread"] = {str(k): list(v) for k, v in s["latency_spread"].items()}
+            for k in ("backward_s", "input_grad_s", "weight_grad_s"):
+                s[k] = {str(m): v for m, v in s[k].items()}
         d["link"]["samples"] = [list(x) for x in self.link.samples]
         d["machine"] = self.machine.to_dict() if self.machine is not None else None
         return d
@@ -158,7 +168,11 @@ class Profile:
             Segment(fqn=s["fqn"], flops=int(s["flops"]), param_bytes=int(s["param_bytes"]),
                     out_bytes=int(s["out_bytes"]),
                     latency_s={int(k): float(v) for k, v in s["latency_s"].items()},
-                    latency_spread={int(k): (float(v[0]), float(v[1])) for k, v in s.get("latency_spread", {}).items()})
+                    latency_spread={int(k): (float(v[0]), float(v[1])) for k, v in s.get("latency_spread", {}).items()},
+                    backward_s={int(k): float(v) for k, v in (s.get("backward_s") or {}).items()},
+                    input_grad_s={int(k): float(v) for k, v in (s.get("input_grad_s") or {}).items()},
+                    weight_grad_s={int(k): float(v) for k, v in (s.get("weight_grad_s") or {}).items()},
+                    optimizer_s=None if s.get("optimizer_s") is None else float(s["optimizer_s"]))
             for s in d["segments"]
         )
         link = d["link"]

@@ -114,14 +114,14 @@ class ComputeClock:
 
     def resolve(self, t0: Any) -> list[Span]:
         """Spans as (microbatch, start, end) seconds from ``t0`` (a perf_counter value or CUDA event)."""
-        return [(i, *_since(t0, a, b, self.cuda)) for i, (a, b) in enumerate(self.spans)]
+        return [(i, *since(t0, a, b, self.cuda)) for i, (a, b) in enumerate(self.spans)]
 
     def close(self) -> None:
         for h in self._handles:
             h.remove()
 
 
-def _since(t0: Any, a: Any, b: Any, cuda: bool) -> tuple[float, float]:
+def since(t0: Any, a: Any, b: Any, cuda: bool) -> tuple[float, float]:
     if cuda:
         return t0.elapsed_time(a) / 1e3, t0.elapsed_time(b) / 1e3
     return a - t0, b - t0
@@ -143,7 +143,7 @@ class CommClock:
         self.pending.clear()
 
     def resolve(self, t0: Any, cuda: bool) -> list[CommSpan]:
-        return [(k, *_since(t0, a, b, cuda)) for k, a, b in self.spans]
+        return [(k, *since(t0, a, b, cuda)) for k, a, b in self.spans]
 
 
 class HasComm(Protocol):

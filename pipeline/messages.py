@@ -94,6 +94,8 @@ class TrialReply:
     """Memory held as a timed run started (the least over runs)."""
     phases: tuple[float, float, float, float] = (0.0, 0.0, 0.0, 0.0)
     """Seconds this rank spent to build (until every rank had built), check, warm up and time."""
+    work_events: tuple[tuple[str, float, float], ...] = ()
+    """The schedule's actions in the last run as (``0F1``-style name, start, end), on the compute spans' base."""
     actions: tuple[str, ...] = ()
     """This rank's forwards and backwards in the order the last run ran them (``0F1``: stage 0's forward of
     microbatch 1; ``1B0``: stage 1's backward of microbatch 0); torch backend only."""
@@ -113,6 +115,10 @@ class SegmentReply:
     """Bytes per sample crossing the cut after each segment but the last (counted on one rank)."""
     param_bytes: tuple[int, ...] = ()
     """Parameter and buffer bytes of each segment (counted on one rank)."""
+    backward_s: dict[int, tuple[tuple[float, float, float], ...]] = field(default_factory=dict)
+    """Training profiles: microbatch size -> each segment's median (whole backward, input grad, weight grad) s."""
+    optimizer_s: tuple[float, ...] = ()
+    """Training profiles: each segment's optimizer step (AdamW over its parameters), median seconds."""
 
 
 @dataclass(frozen=True, kw_only=True)

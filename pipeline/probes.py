@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch import fx
+from torch import fx, nn
 
 from pipeline.batch import Batch, example_input, rows
 from pipeline.candidates import Candidates, find_candidates
@@ -113,10 +113,72 @@ def timed_repeats(repeats: int, m: int, batch: int) -> int:
     return max(repeats, -(-batch // m))
 
 
+def _backward_times(mod: nn.Module, inputs: tuple[Any, ...], repeats: int,
+                    sync: Callable[[], None]) -> tuple[float, float, float]:
+    """One segment's median (whole backward, input grad, weight grad) seconds at the inputs' microbatch:
+    autograd from the segment's outputs to its float inputs and its parameters, as a pipeline stage's
+    backward runs (a zero-bubble schedule's ``I`` then ``W``)."""
+    from torch.utils._pytree import tree_leaves
+
+    params = [q for q in mod.parameters() if q.requires_grad]
+    whole, first, second = [], [], []
+    for _ in range(repeats + 1):
+        ins = tuple(t.detach().requires_grad_(True) if isinstance(t, torch.Tensor) and t.is_floating_point() else t
+                    for t in inputs)
+        leaves = [t for t in ins if isinstance(t, torch.Tensor) and t.requires_grad]
+        times = []
+        for split in (False, True):
+            with torch.enable_grad():
+                outs = [t for t in tree_leaves(mod(*ins)) if isinstance(t, torch.Tensor) and t.requires_grad]
+            grads = [torch.ones_like(t) for t in outs]
+            if not outs:
+                times += [0.0] if not split else [0.0, 0.0]
+                continue
+            sync()
+            t0 = time.perf_counter()
+            if not split:
+                torch.autograd.grad(outs, [*leaves, *params], grads, allow_unused=True)
+                sync()
+                times.append(time.perf_counter() - t0)
+                continue
+            if leaves:
+                torch.autograd.grad(outs, leaves, grads, retain_graph=True, allow_unused=True)
+            sync()
+            t1 = time.perf_counter()
+            if params:
+                torch.autograd.grad(outs, params, grads, allow_unused=True)
+            sync()
+            times += [t1 - t0, time.perf_counter() - t1]
+        whole.append(times[0])
+        first.append(times[1])
+        second.append(times[2])
+    return (statistics.median(whole[1:]), statistics.median(first[1:]), statistics.median(second[1:]))
+
+
+def _optimizer_time(mod: nn.Module, repeats: int, sync: Callable[[], None]) -> float:
+    """Median seconds of one AdamW step over a segment's parameters (on copies, with unit gradients)."""
+    params = [torch.nn.Parameter(q.detach().clone()) for q in mod.parameters() if q.requires_grad]
+    if not params:
+        return 0.0
+    for q in params:
+        q.grad = torch.ones_like(q)
+    opt = torch.optim.AdamW(params)
+    opt.step()  # the first step makes the optimizer's state
+    times = []
+    for _ in range(repeats):
+        sync()
+        t0 = time.perf_counter()
+        opt.step()
+        sync()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
 def time_segments(spec: ModelSpec, *, granularity: str, micro: Sequence[int], repeats: int, warmup: int,
                   device: torch.device, rank: int = 0, count: bool = True,
-                  together: Callable[[], Any] | None = None) -> SegmentReply:
-    """This process's timing of every segment; ``together()`` lines ranks up before each size's timing."""
+                  together: Callable[[], Any] | None = None, train: bool = False) -> SegmentReply:
+    """This process's timing of every segment; ``together()`` lines ranks up before each size's timing;
+    ``train`` also times each segment's backward (whole, input grad, weight grad) and optimizer step."""
     sync: Callable[[], None] = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
     model = build_model(spec).to(device)
     cands = find_candidates(build_model(spec), spec, granularity)
@@ -126,6 +188,8 @@ def time_segments(spec: ModelSpec, *, granularity: str, micro: Sequence[int], re
     spread: dict[int, tuple[tuple[float, float], ...]] = {}
     cross: tuple[int, ...] = ()
     params: tuple[int, ...] = ()
+    bwd: dict[int, tuple[tuple[float, float, float], ...]] = {}
+    opt: tuple[float, ...] = ()
     for m in micro:
         gm = trace_all_cuts(model, cands, rows(x_all, m))
         runner = SegmentRunner(gm, sync)
@@ -141,13 +205,17 @@ def time_segments(spec: ModelSpec, *, granularity: str, micro: Sequence[int], re
                         samples[k].append(runner.times[names[k]])
         lat[m] = tuple(statistics.median(v) for v in samples)
         spread[m] = tuple((min(v), max(v)) for v in samples)
+        mods = dict(gm.named_children())
+        if train:
+            bwd[m] = tuple(_backward_times(mods[t], runner.inputs[t], max(1, repeats), sync) for t in names)
+            if not opt:
+                opt = tuple(_optimizer_time(mods[t], max(1, repeats), sync) for t in names)
         if count and not params:
             cross = tuple(b // m for b in crossing_bytes(gm, runner.values, n))
-            mods = dict(gm.named_children())
             params = tuple(sum(p.numel() * p.element_size() for p in mods[t].parameters())
                            + sum(b.numel() * b.element_size() for b in mods[t].buffers()) for t in names)
     return SegmentReply(rank=rank, blocks=cands.blocks, latency_s=lat, spread=spread, cross_bytes=cross,
-                        param_bytes=params)
+                        param_bytes=params, backward_s=bwd, optimizer_s=opt)
 
 
 def ping_pong(rank: int, device: torch.device, sizes: Sequence[int], repeats: int,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -32,9 +33,29 @@ class BuiltStage:
     """Training: this stage's parameters by their name in the unsplit model (a tied copy by its first name)."""
     update: Callable[[], None] | None = None
     """Training: the optimizer step that follows ``step``'s forward and backward."""
-    actions: list[str] = field(default_factory=list)
-    """This rank's actions in the order its last ``step`` ran them, as torch names them: ``1F0`` stage 1's
-    forward of microbatch 0, ``B`` a whole backward, ``I``/``W`` its input and weight halves (zero bubble)."""
+    work: WorkLog | None = None
+    """What the schedule ran on this rank's stages in the last ``step`` (torch backend)."""
+
+    @property
+    def actions(self) -> list[str]:
+        """This rank's actions in the order its last ``step`` ran them, as torch names them: ``1F0`` stage 1's
+        forward of microbatch 0, ``B`` a whole backward, ``I``/``W`` its input and weight halves (zero bubble)."""
+        return [name for name, _, _ in self.work.spans] if self.work is not None else []
+
+
+@dataclass
+class WorkLog:
+    """Each forward and backward a rank's schedule runs, in order, with its start and end on ``now``'s clock
+    (the trial sets its compute clock's): the per-rank action order and the timeline's backward spans."""
+
+    now: Callable[[], Any] = time.perf_counter
+    spans: list[tuple[str, Any, Any]] = field(default_factory=list)
+
+    def run(self, name: str, fn: Callable[..., Any], *a: Any, **k: Any) -> Any:
+        start = self.now()
+        out = fn(*a, **k)
+        self.spans.append((name, start, self.now()))
+        return out
 
 
 def _fresh(model: nn.Module) -> nn.Module:
@@ -132,11 +153,11 @@ def _build_torch(plan: SplitPlan, model: nn.Module, x: Batch, rank: int, device:
     del pipe
     for st in built:
         _no_self_warmup(st)
-    ran: list[str] = []
+    log = WorkLog()
     for st in built:
         use_codegen(st.submod)
         st.submod.register_forward_hook(_contiguous)
-        _record(st, ran)
+        _record(st, log)
     cls = get_schedule_class(plan.schedule)
     loss = loss_fn if train else None
     if plan.schedule in MULTI_SCHEDULES:
@@ -147,7 +168,7 @@ def _build_torch(plan: SplitPlan, model: nn.Module, x: Batch, rank: int, device:
     modules = [st.submod for st in built]
 
     def args(inp: Batch | None) -> tuple[torch.Tensor, ...]:
-        ran.clear()
+        log.spans.clear()
         return tuple(inp[i] for i in order) if first and inp is not None else ()
 
     if train:
@@ -157,31 +178,28 @@ def _build_torch(plan: SplitPlan, model: nn.Module, x: Batch, rank: int, device:
             return schedule.step(*args(inp))
 
         built_stage = BuiltStage(modules=modules, step=step, runtime=schedule)
-    built_stage.actions = ran
+    built_stage.work = log
     return built_stage
 
 
-def _record(stage: Any, ran: list[str]) -> None:
+def _record(stage: Any, log: WorkLog) -> None:
     """Log each forward and backward that the schedule runs on ``stage``, in order: what ran, not what the
     schedule object's ``pipeline_order`` lists (torch 2.14's 1F1B lists its last rank's microbatches as 1..n)."""
     i = stage.stage_index
     fwd, bwd, wgt = stage.forward_one_chunk, stage.backward_one_chunk, getattr(stage, "backward_weight_one_chunk", None)
 
     def forward_one_chunk(chunk: int, *a: Any, **k: Any) -> Any:
-        ran.append(f"{i}F{chunk}")
-        return fwd(chunk, *a, **k)
+        return log.run(f"{i}F{chunk}", fwd, chunk, *a, **k)
 
     def backward_one_chunk(chunk: int, *a: Any, **k: Any) -> Any:
         full = k.get("full_backward", a[1] if len(a) > 1 else True)
-        ran.append(f"{i}{'B' if full else 'I'}{chunk}")
-        return bwd(chunk, *a, **k)
+        return log.run(f"{i}{'B' if full else 'I'}{chunk}", bwd, chunk, *a, **k)
 
     stage.forward_one_chunk = forward_one_chunk
     stage.backward_one_chunk = backward_one_chunk
     if wgt is not None:
         def backward_weight_one_chunk(chunk: int, *a: Any, **k: Any) -> Any:
-            ran.append(f"{i}W{chunk}")
-            return wgt(chunk, *a, **k)
+            return log.run(f"{i}W{chunk}", wgt, chunk, *a, **k)
 
         stage.backward_weight_one_chunk = backward_weight_one_chunk
 

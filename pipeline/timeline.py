@@ -1,4 +1,4 @@
-"""Per-rank timeline of one measured pipeline run: compute per microbatch, send, receive, idle.
+"""Per-rank timeline of one measured pipeline run: forward and backward per microbatch, send, receive, idle.
 
 Pure data (no torch): built from a ``TrialResult``'s measured events, checked for consistency, drawn
 as a Gantt chart by ``render`` (matplotlib, imported only there).
@@ -6,14 +6,22 @@ as a Gantt chart by ``render`` (matplotlib, imported only there).
 
 from __future__ import annotations
 
+import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-KINDS = ("compute", "recv", "send", "send_wait")
-COLORS = {"compute": "#4c72b0", "recv": "#dd8452", "send": "#55a868", "send_wait": "#8fd19e"}
-LABELS = {"compute": "compute (microbatch n)", "recv": "receive (incl. waiting for the previous stage)",
-          "send": "send (post)", "send_wait": "send (wait for completion)"}
+KINDS = ("compute", "backward", "weight_grad", "recv", "send", "send_wait")
+WORK = ("compute", "backward", "weight_grad")
+"""Kinds drawn full height, numbered by microbatch: a stage's own work."""
+COLORS = {"compute": "#4c72b0", "backward": "#c44e52", "weight_grad": "#8172b3", "recv": "#dd8452",
+          "send": "#55a868", "send_wait": "#8fd19e"}
+LABELS = {"compute": "forward (microbatch n)", "backward": "backward (whole, or input grad: B, I)",
+          "weight_grad": "weight grad (W, zero-bubble schedules)",
+          "recv": "receive (incl. waiting for the previous stage)", "send": "send (post)",
+          "send_wait": "send (wait for completion)"}
+BACKWARD = {"B": "backward", "I": "backward", "W": "weight_grad"}
+"""torch's action letters (``1B0``: stage 1's backward of microbatch 0) and the span kind each is drawn as."""
 
 
 @dataclass(frozen=True)
@@ -40,9 +48,15 @@ class Timeline:
     spans: tuple[Span, ...]
 
     @classmethod
-    def from_events(cls, compute: Any, comm: Any = ()) -> Timeline:
-        """From per-rank ``(microbatch, start, end)`` compute events and ``(kind, start, end)`` comm events."""
+    def from_events(cls, compute: Any, comm: Any = (), work: Any = ()) -> Timeline:
+        """From per-rank ``(microbatch, start, end)`` compute events, ``(kind, start, end)`` comm events and
+        the schedule's ``(action, start, end)`` work events (their backwards and weight grads)."""
         spans: list[Span] = []
+        for rank, events in enumerate(work):
+            for name, a, b in events:
+                m = re.fullmatch(r"\d+([FBIW])(\d+)", str(name))
+                if m and m.group(1) in BACKWARD:
+                    spans.append(Span(rank, BACKWARD[m.group(1)], int(m.group(2)), float(a), float(b)))
         for rank, events in enumerate(compute):
             spans += [Span(rank, "compute", int(mb), float(a), float(b)) for mb, a, b in events]
         for rank, events in enumerate(comm):
@@ -56,7 +70,7 @@ class Timeline:
 
     @classmethod
     def from_result(cls, result: Any) -> Timeline:
-        return cls.from_events(result.events, getattr(result, "comm_events", ()))
+        return cls.from_events(result.events, getattr(result, "comm_events", ()), getattr(result, "work_events", ()))
 
     def to_dict(self) -> dict[str, Any]:
         return {"stages": self.stages, "spans": [asdict(s) for s in self.spans]}
@@ -136,8 +150,8 @@ def render(timeline: Timeline, path: str | Path, title: str = "") -> Path:
     fig, ax = plt.subplots(figsize=(11, 0.9 * timeline.stages + 1.6))
     for s in timeline.spans:
         y = timeline.stages - 1 - s.rank
-        h, off = (0.8, 0.0) if s.kind == "compute" else (0.3, -0.4 if s.kind == "recv" else 0.1)
-        if s.kind == "compute":
+        h, off = (0.8, 0.0) if s.kind in WORK else (0.3, -0.4 if s.kind == "recv" else 0.1)
+        if s.kind in WORK:
             ax.broken_barh([((s.start - t0) * scale, s.duration * scale)], (y - 0.4, h), facecolors=COLORS[s.kind],
                            edgecolors="white", linewidth=0.5)
             if s.duration * scale > (timeline.end - t0) * scale / 60:
@@ -150,7 +164,8 @@ def render(timeline: Timeline, path: str | Path, title: str = "") -> Path:
     ax.set_yticklabels([f"stage {r}" for r in reversed(range(timeline.stages))])
     ax.set_xlabel(f"time since the run started ({unit})")
     ax.set_title(title or "pipeline timeline (measured)", fontsize=10)
-    ax.legend(handles=[Patch(color=COLORS[k], label=LABELS[k]) for k in KINDS] + [Patch(facecolor="white",
+    shown = {s.kind for s in timeline.spans} | {"compute", "recv", "send", "send_wait"}
+    ax.legend(handles=[Patch(color=COLORS[k], label=LABELS[k]) for k in KINDS if k in shown] + [Patch(facecolor="white",
               edgecolor="gray", label="idle")], loc="upper center", bbox_to_anchor=(0.5, -0.25), ncol=3, fontsize=7,
               frameon=False)
     ax.grid(axis="x", alpha=0.3)

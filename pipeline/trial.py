@@ -27,7 +27,7 @@ import torch.distributed as dist
 from pipeline.batch import Batch, example_input, rows
 from pipeline.core.errors import PipesplitError, one_line
 from pipeline.core.plan import SplitPlan
-from pipeline.instrument import CommClock, CommSpan, ComputeClock, Span, hook_pippy_p2p, quiet_stderr
+from pipeline.instrument import CommClock, CommSpan, ComputeClock, Span, hook_pippy_p2p, quiet_stderr, since
 from pipeline.messages import ErrorReply, TrialOptions, TrialReply
 from pipeline.rank import RankState
 from pipeline.stages import BuiltStage, build_stage, other_backend
@@ -130,6 +130,8 @@ def run_trial(state: RankState, plan: SplitPlan, opts: TrialOptions) -> TrialRep
     build_s = t_built - t_recv
     t_checked = t_warm = t_timed = t_built
     clock = ComputeClock(stage.modules, state.device)
+    if stage.work is not None:
+        stage.work.now = clock.now  # the schedule's actions on the compute spans' clock
     comm = CommClock(clock.now)
     if plan.backend == "pippy" and stage.runtime is not None:
         hook_pippy_p2p(stage.runtime, comm, rank, state.world)
@@ -150,6 +152,7 @@ def run_trial(state: RankState, plan: SplitPlan, opts: TrialOptions) -> TrialRep
     diff, tol, out_bytes = (kept[2], kept[3], kept[4]) if kept is not None else (float("nan"), float("nan"), 0)
     check_in_loop = 0.0
     peak, base = 0, 2**62
+    work_events: list[CommSpan] = []
     trainer = SerialTrainer(model, plan.optimizer, target) if train and rank == 0 and target is not None else None
 
     def serial_run() -> Any:
@@ -190,8 +193,9 @@ def run_trial(state: RankState, plan: SplitPlan, opts: TrialOptions) -> TrialRep
                 if opts.serial:
                     serial.append(state.serial(serial_run, None))
                 state.peak.reset()  # the pipeline's own peak: not the build's, nor the serial model's
-                wall, busy, events, comm_events, t0_abs, y = _pipeline_once(state, stage, x, clock, comm)
+                wall, busy, events, comm_events, t0_abs, y, work = _pipeline_once(state, stage, x, clock, comm)
                 peak, base = max(peak, state.peak.read()), min(base, state.peak.base)
+                work_events = work
                 pipe.append(wall)
                 c = sum(b - a for _, a, b in events)
                 compute.append(c)
@@ -221,7 +225,8 @@ def run_trial(state: RankState, plan: SplitPlan, opts: TrialOptions) -> TrialRep
                       peak_mem_bytes=peak if pipe else state.peak.read(), base_mem_bytes=base if pipe else 0,
                       busy_s=time.perf_counter() - t_recv, trace=trace,
                       phases=(build_s, t_checked - t_built + check_in_loop, t_warm - t_checked,
-                              t_timed - t_warm - check_in_loop), actions=tuple(stage.actions))
+                              t_timed - t_warm - check_in_loop), actions=tuple(stage.actions),
+                      work_events=tuple(work_events))
 
 
 def _trace(state: RankState, stage: BuiltStage, x: Batch, clock: ComputeClock, comm: CommClock,
@@ -238,10 +243,11 @@ def _trace(state: RankState, stage: BuiltStage, x: Batch, clock: ComputeClock, c
     return path
 
 
-def _pipeline_once(state: RankState, stage: BuiltStage, x: Batch, clock: ComputeClock,
-                   comm: CommClock | None = None) -> tuple[float, float, list[Span], list[CommSpan], float, Any]:
+def _pipeline_once(state: RankState, stage: BuiltStage, x: Batch, clock: ComputeClock, comm: CommClock | None = None
+                   ) -> tuple[float, float, list[Span], list[CommSpan], float, Any, list[CommSpan]]:
     """One whole batch through the pipeline: (wall time to the last rank's end, own busy time, compute
-    spans, send/recv spans, the run's start on this host's monotonic clock, the output on the last rank)."""
+    spans, send/recv spans, the run's start on this host's monotonic clock, the output on the last rank,
+    the schedule's actions as (name, start, end) on the same base)."""
     clock.reset()
     if comm is not None:
         comm.reset()
@@ -261,4 +267,6 @@ def _pipeline_once(state: RankState, stage: BuiltStage, x: Batch, clock: Compute
     wall = time.perf_counter() - t0
     base: Any = t0_event if t0_event is not None else t0
     comm_spans = comm.resolve(base, t0_event is not None) if comm is not None else []
-    return wall, busy, clock.resolve(base), comm_spans, t0, y
+    work = [(name, *since(base, a, b, t0_event is not None)) for name, a, b in stage.work.spans] \
+        if stage.work is not None else []
+    return wall, busy, clock.resolve(base), comm_spans, t0, y, work

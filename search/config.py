@@ -68,6 +68,8 @@ class SearchConfig:
     """``train`` measures whole training steps; the cost model prices forward passes only, so it prunes none."""
     optimizer: str = "adamw"
     max_stage_memory: int | None = None
+    objectives: tuple[str, ...] = ("speedup",)
+    """``("speedup", "memory")``: a two-objective study (speedup up, the largest stage's peak memory down)."""
     """Bytes a stage may peak at; a measured trial over it is infeasible (None: no limit)."""
 
     def __post_init__(self) -> None:
@@ -91,6 +93,9 @@ class SearchConfig:
         if self.backend == "pippy" and self.schedules != ("GPipe",):
             raise PipesplitError(f"torchpippy runs only GPipe here (got --schedule {','.join(self.schedules)}): "
                                  "use --backend torch")
+        if self.objectives not in (("speedup",), ("speedup", "memory")):
+            raise PipesplitError(f"--objectives {','.join(self.objectives)} is not one this search knows: "
+                                 "give speedup, or speedup,memory")
         if self.confirm_top < 0:
             raise PipesplitError(f"--confirm-top must be 0 or more (got {self.confirm_top})")
 
@@ -110,4 +115,5 @@ class SearchConfig:
                    device=args.device or "cpu",
                    threads_per_stage=args.threads_per_stage, mode=args.mode or "infer",
                    optimizer=args.optimizer or "adamw",
-                   max_stage_memory=None if args.max_stage_memory is None else parse_size(args.max_stage_memory))
+                   max_stage_memory=None if args.max_stage_memory is None else parse_size(args.max_stage_memory),
+                   objectives=tuple(t.strip() for t in (args.objectives or "speedup").split(",")))

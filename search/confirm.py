@@ -20,7 +20,7 @@ from pipeline.core.result import TrialResult
 from pipeline.pooling import Pool
 from pipeline.rounds import interleaved
 from pipeline.timeline import Timeline
-from search.coordination import is_seed, measured_trials
+from search.coordination import is_seed, measured_trials, speedup_of
 
 __all__ = ["Confirmation", "Confirmed", "confirm"]
 
@@ -128,7 +128,7 @@ def _detail(result: TrialResult | None) -> dict[str, Any] | None:
 def _chosen(study: optuna.Study, top: int, references: bool) -> list[FrozenTrial]:
     """The top ``top`` distinct plans, PiPPy's plan, and with ``references`` every seeded reference."""
     ok = sorted((t for t in measured_trials(study) if t.state == TrialState.COMPLETE),
-                key=lambda t: float(t.value or 0.0), reverse=True)
+                key=lambda t: float(speedup_of(t) or 0.0), reverse=True)
     chosen: list[FrozenTrial] = []
     seen: set[str] = set()
 
@@ -163,7 +163,7 @@ def confirm(study: optuna.Study, pool: Pool, *, top: int, rounds: int, repeats: 
                            tick=lambda i, r: bar.update())
     rows = tuple(Confirmed(trial=t.number, source=str(t.user_attrs.get("source")),
                            split_points=tuple(t.user_attrs["split_points"]), chunks=int(t.user_attrs["chunks"]),
-                           search_speedup=float(t.value or math.nan), speedups=tuple(runs.speedups(i)),
+                           search_speedup=float(speedup_of(t) or math.nan), speedups=tuple(runs.speedups(i)),
                            predicted_speedup=t.user_attrs.get("predicted_speedup"),
                            predicted_bubble=t.user_attrs.get("predicted_bubble"), detail=_detail(runs.last(i)))
                  for i, t in enumerate(chosen))

@@ -16,7 +16,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from pipeline.core.result import Breakdown
 
-__all__ = ["MEASURED", "SAMPLER", "claims", "fail_stale", "is_seed", "measured_trials", "others_running",
+__all__ = ["MEASURED", "SAMPLER", "speedup_of", "claims", "fail_stale", "is_seed", "measured_trials", "others_running",
            "repeats_spent", "skip_reason", "timed_share", "worker_id"]
 
 MEASURED = "measured"
@@ -42,6 +42,12 @@ def _alive(pid: int) -> bool:
     except PermissionError:
         return True
     return True
+
+
+def speedup_of(t: FrozenTrial) -> float | None:
+    """A trial's measured speedup: its first objective value (the second, with ``--objectives
+    speedup,memory``, is its largest stage's peak memory); None while it has none."""
+    return float(t.values[0]) if t.values else None
 
 
 def measured_trials(study: optuna.Study) -> list[FrozenTrial]:

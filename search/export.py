@@ -12,7 +12,7 @@ from pipeline.core.atomic import write_json, write_text, write_with
 from pipeline.core.plan import SplitPlan
 from pipeline.export import provenance
 from search.confirm import Confirmation
-from search.coordination import MEASURED, SAMPLER, is_seed, timed_share
+from search.coordination import MEASURED, SAMPLER, is_seed, speedup_of, timed_share
 from search.memory import OVER_MEMORY, format_size
 from search.objective import SearchContext
 
@@ -37,7 +37,7 @@ def summary_rows(study: optuna.Study, confirmation: Confirmation | None) -> list
             "source": str(t.user_attrs.get("source", SAMPLER)), "trial": t.number,
             "split_points": t.user_attrs.get("split_points"),
             "chunks": t.user_attrs.get("chunks"), "predicted": t.user_attrs.get("predicted_speedup"),
-            "measured": t.value if t.state == optuna.trial.TrialState.COMPLETE else None,
+            "measured": speedup_of(t) if t.state == optuna.trial.TrialState.COMPLETE else None,
             "confirmed": c.median if c else None,
             "failed": t.user_attrs.get("fail_reason"),
             "schedule": _layout_label(t.user_attrs.get("plan") or {}),
@@ -68,6 +68,21 @@ def summary_table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(out)
 
 
+def pareto_table(study: optuna.Study) -> str:
+    """A two-objective study's Pareto front (speedup up, largest stage's peak memory down), fastest first;
+    empty for a one-objective study."""
+    if len(study.directions) < 2:
+        return ""
+    out = ["Pareto front (speedup up, the largest stage's peak memory down):", "",
+           "| trial | split points | chunks | schedule | speedup | largest stage's peak MiB |",
+           "| --- | --- | --- | --- | --- | --- |"]
+    for t in sorted(study.best_trials, key=lambda t: -t.values[0]):
+        pts = ", ".join(t.user_attrs.get("split_points") or [])
+        out.append(f"| {t.number} | {pts} | {t.user_attrs.get('chunks')} | {_layout_label(t.user_attrs.get('plan') or {})} "
+                   f"| {t.values[0]:.2f} | {t.values[1]:.0f} |")
+    return "\n".join(out)
+
+
 def export(study: optuna.Study, ctx: SearchContext, outdir: Path, *, confirmation: Confirmation | None,
            out: str | None, storage_url: str, asked: int | None = None) -> list[Path]:
     """best_split.json (the confirmed best, or the best measured), trials.csv and summary.md."""
@@ -82,7 +97,7 @@ def export(study: optuna.Study, ctx: SearchContext, outdir: Path, *, confirmatio
         result = confirmation.best_result if confirmation and confirmation.best_trial == best_no else None
         result = result or ctx.results.get(best_no)
         meas = result.measured() if result is not None else {
-            "ok": True, "speedup": t.value, **{k: t.user_attrs.get(k) for k in (
+            "ok": True, "speedup": speedup_of(t), **{k: t.user_attrs.get(k) for k in (
                 "speedup_spread", "serial_s", "pipeline_s", "stage_compute_s", "stage_comm_s", "boundary_bytes",
                 "peak_mem_bytes", "base_mem_bytes", "max_abs_diff")}}
         row = confirmation.row(best_no) if confirmation else None
@@ -90,7 +105,7 @@ def export(study: optuna.Study, ctx: SearchContext, outdir: Path, *, confirmatio
             meas["speedup"] = row.median
             meas["speedup_spread"] = list(row.spread)
             meas["confirmation_speedups"] = list(row.speedups)
-        meas["search_speedup"] = t.value
+        meas["search_speedup"] = speedup_of(t)
         meas["confirmed"] = bool(row and row.speedups)
         predicted = {k: t.user_attrs.get(a) for k, a in
                      (("speedup", "predicted_speedup"), ("makespan_s", "predicted_s"),
@@ -128,6 +143,9 @@ def export(study: optuna.Study, ctx: SearchContext, outdir: Path, *, confirmatio
                         if t.user_attrs.get(OVER_MEMORY))
             budget += (f" No measured plan fits it (the smallest largest-stage peak was {format_size(least)}), so no "
                        "best split was written: raise the limit, or add stages or stages per rank.")
+    front = pareto_table(study)
+    if front:
+        table += "\n\n" + front
     text = (f"# {study.study_name}\n\n{budget}\n\n"
             "Speedup = serial model on one stage's threads / pipeline, median over repeats; "
             "'confirmed' is the median of the interleaved confirmation round.\n\n" + table + "\n")

@@ -22,7 +22,7 @@ from pipeline.core.plan import SplitPlan, SplitPoint
 from pipeline.core.result import TrialResult, merged
 from pipeline.core.spec import ModelSpec
 from pipeline.pooling import Pool
-from search.coordination import MEASURED, SAMPLER, measured_trials, repeats_spent, skip_reason, worker_id
+from search.coordination import MEASURED, SAMPLER, measured_trials, repeats_spent, skip_reason, speedup_of, worker_id
 from search.memory import OVER_MEMORY, over_limit
 from search.notes import save_trial_note
 from search.pruning import PRUNE_STREAK, prune_reason
@@ -77,6 +77,8 @@ class SearchContext:
     check_first_repeat: bool = False
     """Check the output on the first timed repeat rather than in a run of its own (``check_on_first_repeat``)."""
     progress: bool = True
+    memory_objective: bool = False
+    """``--objectives speedup,memory``: each trial's values are (speedup, its largest stage's peak MiB)."""
     max_stage_memory: int | None = None
     """Bytes a stage may peak at (``--max-stage-memory``): a measured trial over it is infeasible."""
     artifacts: Any = None
@@ -145,7 +147,7 @@ class SearchContext:
 
     def best_measured(self) -> optuna.trial.FrozenTrial | None:
         ok = [t for t in measured_trials(self.study) if t.state == optuna.trial.TrialState.COMPLETE]
-        return max(ok, key=lambda t: float(t.value or 0.0)) if ok else None
+        return max(ok, key=lambda t: float(speedup_of(t) or 0.0)) if ok else None
 
     def repeats_left(self) -> int | None:
         if self.budget_repeats is None:
@@ -159,7 +161,7 @@ class Objective:
     def __init__(self, ctx: SearchContext) -> None:
         self.ctx = ctx
 
-    def __call__(self, trial: optuna.Trial) -> float:
+    def __call__(self, trial: optuna.Trial) -> float | tuple[float, float]:
         ctx = self.ctx
         fixed = trial.user_attrs.get("fixed_plan")
         source = trial.user_attrs.get("source")
@@ -203,7 +205,7 @@ class Objective:
         for t in measured_trials(ctx.study):
             if t.user_attrs.get("plan_key") == key and t.state == optuna.trial.TrialState.COMPLETE:
                 trial.set_user_attr("duplicate_of", t.number)
-                return float(t.value or 0.0)
+                return (float(t.values[0]), float(t.values[1])) if ctx.memory_objective else float(t.values[0])
         # the sampler marks a revisit in storage while it samples (after this trial object was made)
         revisit = bool(ctx.study._storage.get_trial(trial._trial_id).user_attrs.get(REVISIT))
         if ctx.prune and source is None and point is not None and not revisit and ctx.priced(point):
@@ -241,6 +243,8 @@ class Objective:
             raise optuna.TrialPruned(over)
         if raced:
             raise optuna.TrialPruned(str(trial.user_attrs.get("raced_out")))
+        if ctx.memory_objective:
+            return result.speedup, max(result.peak_mem_bytes) / 2**20
         return result.speedup
 
     def _race(self, trial: optuna.Trial, plan: SplitPlan, *, seed: bool) -> tuple[TrialResult, bool]:
@@ -270,7 +274,8 @@ class Objective:
                 return result, False
             speedups = result.speedups
             for j in range(reported + 1, k + 1):
-                trial.report(statistics.median(speedups[:j]) if speedups[:j] else float("nan"), step=j)
+                if not ctx.memory_objective:  # Optuna reports (and prunes) single-objective trials only
+                    trial.report(statistics.median(speedups[:j]) if speedups[:j] else float("nan"), step=j)
             reported = k
             if k >= cap:
                 return result, False
@@ -301,7 +306,7 @@ class Objective:
             if t.state != optuna.trial.TrialState.COMPLETE or not t.user_attrs.get("predicted_speedup"):
                 continue
             if machine is None:
-                done.append((float(t.value or 0.0), float(t.user_attrs["predicted_speedup"])))
+                done.append((float(speedup_of(t) or 0.0), float(t.user_attrs["predicted_speedup"])))
             else:
                 try:
                     past = ctx.space.decode(t.params)
@@ -309,7 +314,7 @@ class Objective:
                     continue
                 if not ctx.priced(past):
                     continue
-                done.append((float(t.value or 0.0), ctx.calibrated_speedup(past)))
+                done.append((float(speedup_of(t) or 0.0), ctx.calibrated_speedup(past)))
         predicted = ctx.calibrated_speedup(point)  # the raw model's while no calibration is fitted
         why = prune_reason(predicted, done)
         if why:
@@ -343,4 +348,5 @@ def result_attrs(result: TrialResult) -> dict[str, Any]:
             "peak_mem_bytes", "base_mem_bytes", "max_abs_diff")
     return {**{k: m[k] for k in keep}, "measured_s": statistics.median(result.pipeline_s), "output_check": "ok",
             "trial_wall_s": result.wall_s, "speedup": result.speedup, "speedups": list(result.speedups),
-            **({"breakdown": m["breakdown"]} if m.get("breakdown") else {})}
+            **({"breakdown": m["breakdown"]} if m.get("breakdown") else {}),
+            **({"actions": result.extra["actions"]} if result.extra.get("actions") else {})}

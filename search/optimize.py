@@ -94,6 +94,9 @@ def build_parser(prog: str, description: str, epilog: str, *, sweep: bool = Fals
     s.add_argument("--max-stage-memory", default=None, metavar="SIZE",
                    help="largest peak memory a stage may use (4GiB, 512MiB): a measured plan over it is infeasible "
                    "(kept with its figures, never declared best)")
+    s.add_argument("--objectives", default=None, metavar="speedup[,memory]",
+                   help="speedup (default), or speedup,memory: a two-objective study (speedup up, the largest "
+                   "stage's peak memory down; no racing, one value per trial); the summary lists the Pareto front")
     s.add_argument("--storage", default=DEFAULT_STORAGE, help=f"Optuna storage URL or journal file (default {DEFAULT_STORAGE})")
     if not sweep:
         s.add_argument("--study-name", default=None, help="default: <model>-s<stages>-b<batch>-<device>")
@@ -201,11 +204,14 @@ def run_study(cfg: SearchConfig, *, references: bool = False) -> StudyRun:
               "threads_per_stage": threads, "backend": cfg.backend, "schedule": ",".join(cfg.schedules),
               **({"stages_per_rank": list(cfg.stages_per_rank)} if cfg.stages_per_rank else {}), "space": SPACE_VERSION,
               **({"max_stage_memory": cfg.max_stage_memory} if cfg.max_stage_memory else {}),
+              **({"objectives": list(cfg.objectives)} if len(cfg.objectives) > 1 else {}),
               **({"mode": "train", "optimizer": cfg.optimizer} if cfg.mode == "train" else {})}
     # failed trials are reported in one line by the search loop, not with optuna's traceback
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     # the sampler needs the profile: it replaces this placeholder once the profile is loaded
-    study = optuna.create_study(study_name=name, storage=storage, direction="maximize", load_if_exists=True,
+    two = len(cfg.objectives) > 1
+    study = optuna.create_study(study_name=name, storage=storage, load_if_exists=True,
+                                directions=["maximize", "minimize"] if two else ["maximize"],
                                 sampler=optuna.samplers.RandomSampler(seed=cfg.model.seed), pruner=RacingPruner())
     old = study.user_attrs.get("config")
     if old is not None and old != config:
@@ -219,7 +225,8 @@ def run_study(cfg: SearchConfig, *, references: bool = False) -> StudyRun:
 
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)  # stable API since 3.2 in practice
-            study.set_metric_names(["speedup"])  # the dashboard shows "speedup", not "Objective 0"
+            # the dashboard shows "speedup", not "Objective 0"
+            study.set_metric_names(["speedup", "peak_memory_MiB"] if two else ["speedup"])
     extra: list[Path] = []
     asked = trials
     confirmation = None
@@ -227,7 +234,8 @@ def run_study(cfg: SearchConfig, *, references: bool = False) -> StudyRun:
     with open_pool(stages, device=device, threads_per_stage=threads) as pool:
         prof, cached = load_for_stages(spec, stages=stages, device=device, threads=threads, granularity=granularity,
                                        micro_sizes=[spec.batch_size // c for c in chunks],
-                                       root=Path(cfg.results_dir) / "profiles", repeats=2, pool=pool)
+                                       root=Path(cfg.results_dir) / "profiles", repeats=2, pool=pool,
+                                       train=cfg.mode == "train")
         study.set_user_attr("segments", [seg.fqn for seg in prof.segments])
         if prof.machine is not None:
             study.set_user_attr("ceiling", prof.machine.ceiling(stages))
@@ -236,7 +244,8 @@ def run_study(cfg: SearchConfig, *, references: bool = False) -> StudyRun:
         if cfg.mode == "train":
             serial_s *= 3  # a training step: the forward, a backward of about twice its work, the optimizer
         repeats = trial_repeats(cfg.repeats, serial_s, cfg.min_trial_seconds)
-        cap = (cfg.repeat_cap or 2 * repeats) if cfg.race else None
+        # Optuna prunes single-objective studies only: a two-objective one gives every plan its base repeats
+        cap = (cfg.repeat_cap or 2 * repeats) if cfg.race and not two else None
         space = PlanSpace(names=tuple(seg.fqn for seg in prof.segments), stages=stages, chunks=tuple(chunks),
                           layouts=choice.layouts)
         study.set_user_attr("space_size", space.size)
@@ -254,7 +263,7 @@ def run_study(cfg: SearchConfig, *, references: bool = False) -> StudyRun:
                             repeats=repeats, repeat_cap=cap, budget_repeats=cfg.budget_repeats,
                             # the cost model prices forward passes: a training plan it cannot price is measured
                             trial_timeout_s=cfg.trial_timeout_s, prune=cfg.prune and cfg.mode == "infer",
-                            progress=cfg.progress, max_stage_memory=cfg.max_stage_memory,
+                            progress=cfg.progress, max_stage_memory=cfg.max_stage_memory, memory_objective=two,
                             artifacts=artifacts, budget=trials, check_first_repeat=check_on_first_repeat(serial_s))
         model_best = [PlanPoint(cuts=p.cuts, chunks=p.chunks, layout=k) for k, lay in enumerate(space.layouts)
                       for p in ranked(prof, stages * lay.per_rank, list(lay.chunks))]

@@ -55,8 +55,8 @@ def study_cv(study: optuna.Study) -> float:
 
 
 def best_value(study: optuna.Study, exclude: int | None = None) -> float | None:
-    done = [float(t.value) for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-            if t.value is not None and t.number != exclude]
+    done = [float(t.values[0]) for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+            if t.values and t.number != exclude]
     return max(done) if done else None
 
 

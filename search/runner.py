@@ -13,7 +13,7 @@ import time
 
 import optuna
 
-from search.coordination import claims, fail_stale, is_seed, measured_trials, repeats_spent, timed_share
+from search.coordination import claims, fail_stale, is_seed, measured_trials, repeats_spent, speedup_of, timed_share
 from search.objective import Objective, SearchContext, TrialFailed
 from search.seeds import layout_seeds, seeds
 
@@ -124,7 +124,7 @@ def run_loop(ctx: SearchContext, trials: int, *, timeout: float | None = None, s
             if last.state == optuna.trial.TrialState.FAIL and last.user_attrs.get("fail_reason"):
                 bar.write(f"trial {last.number} failed: {last.user_attrs['fail_reason']}")
             share = timed_share(study)
-            bar.set_postfix_str((f"best {best.value:.2f}x" if best else "best -") + f", {repeats_spent(study)} repeats"
+            bar.set_postfix_str((f"best {speedup_of(best) or 0:.2f}x" if best else "best -") + f", {repeats_spent(study)} repeats"
                                 + (f", {share:.0%} of trial time timing" if share is not None else ""), refresh=False)
             bar.set_description(f"trials (last: {last.user_attrs.get('source', '?')} {last.state.name.lower()})")
     finally:

@@ -16,7 +16,7 @@ import optuna
 from optuna.distributions import BaseDistribution, CategoricalDistribution
 from optuna.trial import FrozenTrial, TrialState
 
-from search.coordination import MEASURED
+from search.coordination import MEASURED, speedup_of
 from search.proposals import EXPLORE, Measured, propose
 from search.space import PlanPoint, PlanSpace, best_first
 
@@ -50,7 +50,7 @@ def tried_points(study: optuna.Study, space: PlanSpace) -> tuple[list[Measured],
         seen.add(p)
         if not t.user_attrs.get(MEASURED):
             continue
-        speedup = t.value if t.state == TrialState.COMPLETE else t.user_attrs.get("speedup")
+        speedup = speedup_of(t) if t.state == TrialState.COMPLETE else t.user_attrs.get("speedup")
         if speedup is not None:
             measured.append(Measured(point=p, speedup=float(speedup), repeats=int(t.user_attrs.get("repeats", 1))))
     return measured, seen

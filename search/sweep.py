@@ -161,6 +161,7 @@ def write_report(studies: dict[int, Any], outdir: Path, *, spec: Any, device: st
     from pipeline.timeline import Timeline, render
     from search import plots
     from search.confirm import Confirmation
+    from search.coordination import speedup_of
     from search.export import timeline_runs
     from search.report import markdown
 
@@ -170,7 +171,7 @@ def write_report(studies: dict[int, Any], outdir: Path, *, spec: Any, device: st
     for s, study in studies.items():
         for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)):
             if t.user_attrs.get("measured") and t.user_attrs.get("predicted_speedup") is not None:
-                points.append((s, float(t.user_attrs["predicted_speedup"]), float(t.value)))
+                points.append((s, float(t.user_attrs["predicted_speedup"]), float(speedup_of(t) or 0.0)))
     made: dict[str, str] = {}
     timelines: dict[str, Timeline] = {}
     for s, study in studies.items():

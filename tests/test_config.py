@@ -23,6 +23,8 @@ def test_flags_become_a_frozen_config():
     ({"repeats": 0}, "--repeats must be at least 1"),
     ({"timeout_s": -1}, "--timeout must be a positive number"),
     ({"min_trial_seconds": float("nan")}, "--min-trial-seconds must be 0 or more"),
+    ({"objectives": ("memory",)}, "--objectives memory is not one this search knows"),
+    ({"backend": "pippy", "schedules": ("GPipe", "1F1B")}, "torchpippy runs only GPipe"),
 ])
 def test_bad_settings_are_one_line(kw, message):
     with pytest.raises(PipesplitError, match=message):

@@ -26,4 +26,9 @@ def test_comm_clock_and_peak_memory():
     assert comm.resolve(0.5, cuda=False) == [("send", 0.5, 1.0)]
     peak = Peak(torch.device("cpu"))
     peak.reset()
-    assert peak.read() > 0
+    assert peak.read() >= peak.base > 0
+    held = torch.ones(64 * 2**20 // 4)  # 64 MiB touched inside the window
+    assert peak.read() - peak.base >= 60 * 2**20
+    del held
+    peak.reset()  # a new window starts from what is held now (the freed tensor trimmed away)
+    assert peak.read() - peak.base < 60 * 2**20

@@ -88,6 +88,10 @@ def test_dashboard_lists_the_study_and_its_trials(searched):
     (["--storage", "sqlite:////proc/no/such/dir/optuna.db"], "storage sqlite:////proc/no/such/dir/optuna.db"),
     (["--storage", "mysql+nodriver://x@127.0.0.1:1/db"], "storage mysql+nodriver"),
     (["--storage", "not-a-url"], "is neither a database URL"),
+    (["--schedule", "GPipe,Zigzag"], "names Zigzag"),
+    (["--schedule", "ZBVZeroBubble"], "ZBVZeroBubble trains only"),
+    (["--stages-per-rank", "two"], "--stages-per-rank 'two' is not a list of integers"),
+    (["--max-stage-memory", "lots"], "--max-stage-memory 'lots' is not a positive size"),
 ])
 def test_bad_input_exits_non_zero_with_one_line(tmp_path, extra, message):
     args = [*TINY_VIT_ARGS, "--stages", "2", "--storage", f"sqlite:///{tmp_path}/o.db", "--results-dir",
@@ -139,3 +143,61 @@ def test_a_four_stage_search_stores_no_infeasible_trial_and_races_its_repeats(tm
         assert t.intermediate_values and max(t.intermediate_values) == t.user_attrs["repeats"]
         note = get_note_from_system_attrs(study._storage.get_study_system_attrs(study._study_id), t._trial_id)["body"]
         assert f"Trial {t.number}" in note and "measured (median of" in note
+
+
+def test_a_search_over_schedules_measures_each_layout_and_prices_only_what_it_can(tmp_path):
+    import optuna
+
+    from pipeline.core.plan import SplitPlan
+
+    args = [*TINY_VIT_ARGS, "--stages", "2", "--chunks", "2,4", "--trials", "4", "--repeats", "1",
+            "--min-trial-seconds", "0", "--confirm-top", "1", "--confirm-rounds", "1", "--threads-per-stage", "1",
+            "--no-progress", "--no-artifacts", "--schedule", "GPipe,Interleaved1F1B", "--storage",
+            f"sqlite:///{tmp_path}/o.db", "--results-dir", str(tmp_path)]
+    assert main(args) == 0
+    study = optuna.load_study(study_name=None, storage=f"sqlite:///{tmp_path}/o.db")
+    measured = [t for t in study.trials if t.user_attrs.get("measured")]
+    assert {t.user_attrs["schedule"] for t in measured} == {"GPipe", "Interleaved1F1B"}
+    v2 = [t for t in measured if t.user_attrs["stages_per_rank"] == 2]
+    assert v2 and all(t.params["layout"] == "Interleaved1F1B/V2" and len(t.user_attrs["split_points"]) == 3
+                      and t.user_attrs["prediction"].startswith("none") and "predicted_speedup" not in t.user_attrs
+                      for t in v2)
+    assert all(t.state == optuna.trial.TrialState.COMPLETE for t in v2), [t.user_attrs.get("fail_reason") for t in v2]
+    best = SplitPlan.load(next(tmp_path.glob("*/best_split.json")))
+    assert best.schedule in ("GPipe", "Interleaved1F1B")
+    assert "Interleaved1F1B/V2" in next(tmp_path.glob("*/summary.md")).read_text()
+
+
+def test_a_training_plan_over_the_memory_limit_is_infeasible_with_its_measured_peak(tmp_path, capsys):
+    import optuna
+
+    args = [*TINY_VIT_ARGS, "--stages", "2", "--chunks", "2", "--trials", "2", "--repeats", "1", "--mode", "train",
+            "--min-trial-seconds", "0", "--confirm-top", "1", "--confirm-rounds", "1", "--threads-per-stage", "1",
+            "--no-progress", "--no-artifacts", "--max-stage-memory", "1MiB", "--storage",
+            f"sqlite:///{tmp_path}/o.db", "--results-dir", str(tmp_path)]
+    assert main(args) == 0
+    study = optuna.load_study(study_name=None, storage=f"sqlite:///{tmp_path}/o.db")
+    over = [t for t in study.trials if t.user_attrs.get("over_memory")]
+    assert len(over) == 2 and all(t.state == optuna.trial.TrialState.PRUNED for t in over)
+    for t in over:
+        peak = max(t.user_attrs["peak_mem_bytes"])
+        assert f"peaked at {peak / 2**20:.0f} MiB, over --max-stage-memory 1 MiB" in t.user_attrs["over_memory"]
+        assert t.system_attrs["constraints"][0] == pytest.approx((peak - 2**20) / 2**20)  # > 0: infeasible
+    assert not list(tmp_path.glob("*/best_split.json"))
+    assert "No measured plan fits it" in capsys.readouterr().out
+
+
+def test_a_two_objective_study_keeps_speedup_and_peak_memory_and_lists_its_pareto_front(tmp_path, capsys):
+    import optuna
+
+    args = [*TINY_VIT_ARGS, "--stages", "2", "--chunks", "2,4", "--trials", "3", "--repeats", "1",
+            "--min-trial-seconds", "0", "--confirm-top", "1", "--confirm-rounds", "1", "--threads-per-stage", "1",
+            "--no-progress", "--no-artifacts", "--objectives", "speedup,memory", "--storage",
+            f"sqlite:///{tmp_path}/o.db", "--results-dir", str(tmp_path)]
+    assert main(args) == 0
+    study = optuna.load_study(study_name=None, storage=f"sqlite:///{tmp_path}/o.db")
+    assert study.metric_names == ["speedup", "peak_memory_MiB"] and len(study.directions) == 2
+    done = study.get_trials(states=(optuna.trial.TrialState.COMPLETE,))
+    assert done and all(t.values[1] == pytest.approx(max(t.user_attrs["peak_mem_bytes"]) / 2**20) for t in done)
+    assert "Pareto front" in capsys.readouterr().out
+    assert next(tmp_path.glob("*/best_split.json")).exists()

@@ -20,3 +20,15 @@ def test_every_segment_is_timed_at_every_size(tiny_spec):
 
 def test_small_microbatches_are_timed_over_a_whole_batch():
     assert timed_repeats(3, 1, 32) == 32 and timed_repeats(3, 32, 32) == 3
+
+
+def test_a_training_profile_times_each_segments_backward_halves_and_optimizer_step(tiny_spec):
+    out = time_segments(tiny_spec, granularity="block", micro=[2], repeats=1, warmup=0, device=torch.device("cpu"),
+                        train=True)
+    n = len(out.blocks)
+    assert set(out.backward_s) == {2} and len(out.backward_s[2]) == n and len(out.optimizer_s) == n
+    whole, first, second = zip(*out.backward_s[2])
+    assert all(t > 0 for t in whole) and all(t > 0 for t in second[1:-1])  # the blocks have weights
+    assert first[0] == 0.0  # the first segment's input (the image) needs no gradient
+    assert all(t > 0 for t in first[1:])  # every later segment returns its input's gradient upstream
+    assert all(t >= 0 for t in out.optimizer_s) and max(out.optimizer_s) > 0

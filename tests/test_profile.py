@@ -72,3 +72,18 @@ def test_concurrent_profile_times_segments_in_stage_workers(tiny_spec, tmp_path)
     assert all(t > 0 for s in prof.segments for t in s.latency_s.values())
     assert all(lo <= s.latency_s[m] <= hi for s in prof.segments for m, (lo, hi) in s.latency_spread.items())
     assert json.loads(next(tmp_path.glob("*.json")).read_text())["concurrency"] == 2
+
+
+def test_a_training_profile_keeps_backward_and_optimizer_times_and_its_own_cache_entry(cached, tiny_spec, capsys):
+    root, prof = cached
+    train, was_cached = load_or_profile(tiny_spec, threads=1, micro_sizes=[2, 8], root=root, repeats=1, quiet=True,
+                                        train=True)
+    assert not was_cached and train.key != prof.key  # forward-only profiles keep their cache entries
+    s = train.segments[1]
+    assert set(s.backward_s) == {2, 8} and s.backward_s[8] > 0 and s.optimizer_s is not None
+    assert not prof.segments[1].backward_s
+    assert Profile.from_dict(json.loads(json.dumps(train.to_dict()))) == train
+    from tests.conftest import TINY_VIT_ARGS
+
+    assert main([*TINY_VIT_ARGS, "--threads", "1", "--micro-sizes", "2,8", "--cache-dir", str(root), "--train"]) == 0
+    assert "training, at microbatch 8" in capsys.readouterr().out

@@ -44,3 +44,11 @@ def test_render_writes_a_png(tmp_path):
 
 def test_span_duration():
     assert Span(0, "compute", 0, 1.0, 1.5).duration == 0.5
+
+
+def test_a_training_run_draws_backward_and_weight_grad_spans_beside_the_forwards(tmp_path):
+    work = [[("0F0", 0.0, 1.0), ("0I0", 2.0, 2.5), ("0W0", 2.5, 3.0)], [("1F0", 1.1, 1.9), ("1B0", 1.9, 2.0)]]
+    tl = Timeline.from_events([[(0, 0.0, 1.0)], [(0, 1.1, 1.9)]], [], work)
+    assert [(s.kind, s.microbatch) for s in tl.rank(0)] == [("compute", 0), ("backward", 0), ("weight_grad", 0)]
+    assert tl.totals(1)["backward"] == pytest.approx(0.1) and tl.problems() == []
+    assert render(tl, tmp_path / "t.png").stat().st_size > 0

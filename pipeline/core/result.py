@@ -94,6 +94,9 @@ class TrialResult:
     peak_mem_bytes: tuple[int, ...] = ()
     """Per rank peak resident memory (CPU) or peak allocated GPU memory (CUDA) during the timed pipeline runs
     (not the build, nor the serial model that rank 0 also times)."""
+    work_events: tuple[tuple[tuple[str, float, float], ...], ...] = ()
+    """Per rank, the schedule's forwards and backwards in the last run: (``1B0``-style name, start, end) on the
+    events' clock (torch backend); the timeline draws the backward (``B``, ``I``) and weight-grad (``W``) ones."""
     base_mem_bytes: tuple[int, ...] = ()
     """Per rank memory held as a timed run starts (the least over runs): parameters, gradients, optimizer
     state, the runtime; the peak less this is what a step adds, activations above all."""
@@ -149,7 +152,7 @@ class TrialResult:
         under the names that plan files have carried since version 1.
         """
         d = {k: v for k, v in asdict(self).items() if k != "plan"}
-        for k in ("events", "comm_events"):
+        for k in ("events", "comm_events", "work_events"):
             d[k] = [[list(e) for e in rank] for rank in d[k]]
         for k, v in d.items():
             if isinstance(v, tuple):
@@ -172,6 +175,8 @@ class TrialResult:
             args[k] = tuple(int(x) for x in args.get(k, ()))
         args["events"] = tuple(tuple(tuple(e) for e in rank) for rank in args.get("events", ()))
         args["comm_events"] = tuple(tuple(tuple(e) for e in rank) for rank in args.get("comm_events", ()))
+        args["work_events"] = tuple(tuple((str(n), float(x), float(y)) for n, x, y in rank)
+                                    for rank in args.get("work_events", ()))
         args["traces"] = tuple(args.get("traces", ()))
         if isinstance(args.get("breakdown"), dict):
             args["breakdown"] = Breakdown(**args["breakdown"])
