@@ -40,14 +40,14 @@ def summary_rows(study: optuna.Study, confirmation: Confirmation | None) -> list
             "measured": speedup_of(t) if t.state == optuna.trial.TrialState.COMPLETE else None,
             "confirmed": c.median if c else None,
             "failed": t.user_attrs.get("fail_reason"),
-            "schedule": _layout_label(t.user_attrs.get("plan") or {}),
+            "schedule": layout_label(t.user_attrs.get("plan") or {}),
             "peak_mib": [round(b / 2**20) for b in t.user_attrs.get("peak_mem_bytes") or []],
         })
     rows.sort(key=lambda r: (r["role"] != "BEST", -float(r["confirmed"] or r["measured"] or 0)))
     return rows
 
 
-def _layout_label(plan: dict[str, Any]) -> str:
+def layout_label(plan: dict[str, Any]) -> str:
     """A plan's schedule, with its stages per rank where more than one: ``Interleaved1F1B/V2``."""
     v = int(plan.get("stages_per_rank", 1))
     name = str(plan.get("schedule", "GPipe"))
@@ -78,7 +78,7 @@ def pareto_table(study: optuna.Study) -> str:
            "| --- | --- | --- | --- | --- | --- |"]
     for t in sorted(study.best_trials, key=lambda t: -t.values[0]):
         pts = ", ".join(t.user_attrs.get("split_points") or [])
-        out.append(f"| {t.number} | {pts} | {t.user_attrs.get('chunks')} | {_layout_label(t.user_attrs.get('plan') or {})} "
+        out.append(f"| {t.number} | {pts} | {t.user_attrs.get('chunks')} | {layout_label(t.user_attrs.get('plan') or {})} "
                    f"| {t.values[0]:.2f} | {t.values[1]:.0f} |")
     return "\n".join(out)
 

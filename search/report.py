@@ -35,6 +35,10 @@ class PolicyRow:
     """The serial model on one stage's threads, same run."""
     failed: str = ""
     """Why the plan has no measurement (its trial failed), else empty."""
+    peak_mib: tuple[int, ...] = ()
+    """Per stage, peak memory of its trial's timed runs (MiB)."""
+    schedule: str = "GPipe"
+    """The plan's schedule, ``/V<v>`` where it holds several stages per rank."""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -42,7 +46,7 @@ class PolicyRow:
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> PolicyRow:
         d = dict(d)
-        for k in ("split_points", "stage_ranges", "compute_s", "send_s", "spread"):
+        for k in ("split_points", "stage_ranges", "compute_s", "send_s", "spread", "peak_mib"):
             d[k] = tuple(d.get(k) or ())
         return cls(**d)
 
@@ -130,14 +134,14 @@ def _sort_key(row: PolicyRow) -> tuple[bool, int, int]:
 
 
 def table(rows: list[PolicyRow]) -> str:
-    out = ["| policy | stages (block ranges) | chunks | predicted | measured | spread |",
-           "| --- | --- | --- | --- | --- | --- |"]
+    out = ["| policy | stages (block ranges) | chunks | schedule | predicted | measured | spread | peak MiB per stage |",
+           "| --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in sorted(rows, key=_sort_key):
         name = f"**best** ({r.source})" if r.best else r.source
         ranges = " \\| ".join(f"`{x}`" for x in r.stage_ranges)
         measured = f"failed: {r.failed[:80]}" if r.failed else _fmt(r.measured)
-        out.append(f"| {name} | {ranges} | {r.chunks} | {_fmt(r.predicted)} | {measured} "
-                   f"| {_fmt(r.spread[0])}-{_fmt(r.spread[1])} |")
+        out.append(f"| {name} | {ranges} | {r.chunks} | {r.schedule} | {_fmt(r.predicted)} | {measured} "
+                   f"| {_fmt(r.spread[0])}-{_fmt(r.spread[1])} | {', '.join(map(str, r.peak_mib)) or '-'} |")
     return "\n".join(out)
 
 

@@ -115,6 +115,14 @@ def _run(args: argparse.Namespace) -> int:
     return 130 if interrupted else 0
 
 
+def _memory_and_schedule(attrs: dict[str, Any]) -> dict[str, Any]:
+    """A trial's peak MiB per stage and its schedule label, as a report row carries them."""
+    from search.export import layout_label
+
+    return {"peak_mib": tuple(round(b / 2**20) for b in attrs.get("peak_mem_bytes") or ()),
+            "schedule": layout_label(attrs.get("plan") or {})}
+
+
 def rows_for(stages: int, study: Any) -> list[Any]:
     """A stage count's confirmation round (kept in its study) as report rows, plus reference policies
     whose trial failed."""
@@ -137,7 +145,8 @@ def rows_for(stages: int, study: Any) -> list[Any]:
         out.append(PolicyRow(stages=stages, source=r.source, trial=r.trial, best=conf is not None and r.trial == conf.best_trial,
                              split_points=tuple(pts), stage_ranges=tuple(stage_ranges(pts, segments)),
                              chunks=r.chunks, predicted=r.predicted_speedup, measured=r.median, spread=r.spread,
-                             compute_s=compute, send_s=send, serial_s=float(detail.get("serial_s", float("nan")))))
+                             compute_s=compute, send_s=send, serial_s=float(detail.get("serial_s", float("nan"))),
+                             **_memory_and_schedule(study.trials[r.trial].user_attrs)))
     confirmed = {r.trial for r in plans}
     for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.FAIL,)):
         if not is_seed(t) or not t.user_attrs.get("fail_reason") or t.number in confirmed:

@@ -164,12 +164,13 @@ JUNK = st.one_of(st.none(), st.booleans(), st.integers(-3, 40), st.floats(allow_
 FIELDS = [("version",), ("model",), ("model", "name"), ("model", "kwargs"), ("model", "batch_size"),
           ("model", "input_shape"), ("model", "dtype"), ("model", "checkpoint"), ("model", "seed"), ("stages",),
           ("split_points",), ("split_points", 0), ("split_points", 0, "fqn"), ("split_points", 0, "kind"),
-          ("chunks",), ("backend",), ("schedule",), ("device",), ("threads_per_stage",)]
+          ("chunks",), ("backend",), ("schedule",), ("device",), ("threads_per_stage",), ("mode",), ("optimizer",),
+          ("stages_per_rank",)]
 
 
 @pytest.mark.slow
 @pytest.mark.multiprocess
-@settings(max_examples=20, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=14, deadline=None, suppress_health_check=list(HealthCheck))
 @given(where=st.sampled_from(FIELDS), delete=st.booleans(), value=JUNK)
 def test_any_one_broken_field_gives_a_result_or_one_short_line(tmp_path_factory, tiny_spec, where, delete, value):
     """A valid plan with one field deleted or replaced by junk: exit 0 with a result, 1 with a failed trial's
