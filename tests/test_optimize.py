@@ -150,14 +150,15 @@ def test_a_search_over_schedules_measures_each_layout_and_prices_only_what_it_ca
 
     from pipeline.core.plan import SplitPlan
 
-    args = [*TINY_VIT_ARGS, "--stages", "2", "--chunks", "2,4", "--trials", "4", "--repeats", "1",
+    args = [*TINY_VIT_ARGS, "--stages", "2", "--chunks", "2,4", "--trials", "6", "--repeats", "1",
             "--min-trial-seconds", "0", "--confirm-top", "1", "--confirm-rounds", "1", "--threads-per-stage", "1",
-            "--no-progress", "--no-artifacts", "--schedule", "GPipe,Interleaved1F1B", "--storage",
+            "--no-progress", "--no-artifacts", "--schedule", "GPipe,Interleaved1F1B", "--no-prune", "--storage",
             f"sqlite:///{tmp_path}/o.db", "--results-dir", str(tmp_path)]
     assert main(args) == 0
     study = optuna.load_study(study_name=None, storage=f"sqlite:///{tmp_path}/o.db")
     measured = [t for t in study.trials if t.user_attrs.get("measured")]
     assert {t.user_attrs["schedule"] for t in measured} == {"GPipe", "Interleaved1F1B"}
+    assert len(measured) == 6 and [t for t in measured if t.user_attrs["source"] == "sampler"]  # 4 seeds, 2 proposals
     v2 = [t for t in measured if t.user_attrs["stages_per_rank"] == 2]
     assert v2 and all(t.params["layout"] == "Interleaved1F1B/V2" and len(t.user_attrs["split_points"]) == 3
                       and t.user_attrs["prediction"].startswith("none") and "predicted_speedup" not in t.user_attrs
