@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -34,18 +35,29 @@ class Segment:
     optimizer_s: float | None = None
     """Training profiles: one optimizer step over the segment's parameters (AdamW; independent of microbatch)."""
 
+    saved_bytes: int = 0
+    """Training profiles: bytes per sample its forward keeps for the backward (autograd's saved tensors)."""
+
     def latency(self, m: int) -> float:
         """Seconds at microbatch size ``m``; between measured sizes, per-sample time is interpolated."""
-        if m in self.latency_s:
-            return self.latency_s[m]
-        sizes = sorted(self.latency_s)
-        lo = max((s for s in sizes if s < m), default=sizes[0])
-        hi = min((s for s in sizes if s > m), default=sizes[-1])
-        if lo == hi:
-            return self.latency_s[lo] * m / lo
-        per_lo, per_hi = self.latency_s[lo] / lo, self.latency_s[hi] / hi
-        w = (m - lo) / (hi - lo)
-        return m * (per_lo + w * (per_hi - per_lo))
+        return interpolate(self.latency_s, m)
+
+
+def interpolate(values: Mapping[int, float], m: int) -> float:
+    """A per-microbatch-size time at size ``m``: measured, or per-sample time interpolated between the
+    nearest sizes (scaled from the nearest one outside them); 0 where nothing was measured."""
+    if not values:
+        return 0.0
+    if m in values:
+        return values[m]
+    sizes = sorted(values)
+    lo = max((s for s in sizes if s < m), default=sizes[0])
+    hi = min((s for s in sizes if s > m), default=sizes[-1])
+    if lo == hi:
+        return values[lo] * m / lo
+    per_lo, per_hi = values[lo] / lo, values[hi] / hi
+    w = (m - lo) / (hi - lo)
+    return m * (per_lo + w * (per_hi - per_lo))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -172,7 +184,8 @@ class Profile:
                     backward_s={int(k): float(v) for k, v in (s.get("backward_s") or {}).items()},
                     input_grad_s={int(k): float(v) for k, v in (s.get("input_grad_s") or {}).items()},
                     weight_grad_s={int(k): float(v) for k, v in (s.get("weight_grad_s") or {}).items()},
-                    optimizer_s=None if s.get("optimizer_s") is None else float(s["optimizer_s"]))
+                    optimizer_s=None if s.get("optimizer_s") is None else float(s["optimizer_s"]),
+                    saved_bytes=int(s.get("saved_bytes", 0)))
             for s in d["segments"]
         )
         link = d["link"]

@@ -73,12 +73,30 @@ def leave_one_out(prof: Profile, plans: Sequence[tuple[tuple[int, ...], int]],
     return out
 
 
+def _train_prediction(prof: Profile, cuts: Sequence[int], chunks: int, actions: Any, optimizer: str) -> Any:
+    """(a training step's prediction in ``simulate``'s shape, the training model's own with memory per rank)."""
+    from costmodel.train import predict_train, train_stage_times
+    from costmodel.types import Prediction
+
+    if not actions:
+        raise ValueError("no action order was recorded for this plan (the torch backend records it)")
+    tp = predict_train(prof, cuts, chunks, actions, optimizer=optimizer)
+    times, _ = train_stage_times(prof, cuts, chunks)
+    ceiling = prof.machine.ceiling(len(actions)) if prof.machine is not None else None
+    makespan = max(tp.makespan_s, tp.serial_s / ceiling) if ceiling else tp.makespan_s
+    pred = Prediction(cuts=tuple(cuts), chunks=chunks, stage_s=tuple(t.forward + t.backward for t in times),
+                      transfer_s=tuple(t.link_forward for t in times[:-1]), makespan_s=makespan, serial_s=tp.serial_s,
+                      bubble_fraction=tp.bubble_fraction, ceiling=ceiling)
+    return pred, tp
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     from tqdm import tqdm
 
     from costmodel.profile import add_cache_args, load_for_stages
     from pipeline.cli import Parser, add_model_args, spec_from_args
-    from pipeline.core.plan import MODES, OPTIMIZERS, SplitPlan, SplitPoint, choose_chunks, parse_chunks, schedule_chunks
+    from pipeline.core.plan import MODES, OPTIMIZERS, SCHEDULES, SplitPlan, SplitPoint, choose_chunks, parse_chunks
+    from pipeline.core.plan import schedule_chunks
     from pipeline.hosts import available_cores
     from pipeline.pool import StagePool
     from pipeline.rounds import interleaved
@@ -95,10 +113,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--threads-per-stage", type=int, default=1)
     p.add_argument("--backend", default="torch", choices=("torch", "pippy"))
     p.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
-    p.add_argument("--schedule", default="GPipe", choices=("GPipe", "1F1B"),
-                   help="the schedule of every plan (default GPipe; the simulator prices these two)")
+    p.add_argument("--schedule", default="GPipe", choices=SCHEDULES,
+                   help="the schedule of every plan (default GPipe); with --mode train every schedule is priced "
+                   "by replaying the action order torch ran for it, forward-only GPipe and 1F1B by the flow shop")
+    p.add_argument("--stages-per-rank", type=int, default=1, metavar="V",
+                   help="stages per rank for the multi-stage schedules (--stages counts ranks)")
     p.add_argument("--mode", default="infer", choices=MODES,
-                   help="'train' times whole training steps; the predictions still price the forward pass only")
+                   help="'train' times whole training steps and prices them from a training profile (each segment's "
+                   "backward and optimizer step) in each schedule's recorded action order, with memory per stage")
     p.add_argument("--optimizer", default="adamw", choices=OPTIMIZERS)
     p.add_argument("--repeats", type=int, default=2, help="timed pipeline repeats per plan in each round (default 2)")
     p.add_argument("--rounds", type=int, default=2,
@@ -109,17 +131,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = p.parse_args(argv)
     try:
         spec = spec_from_args(args)
+        per = args.stages_per_rank
+        train = args.mode == "train"
+        if not train and (args.schedule not in ("GPipe", "1F1B") or per != 1):
+            raise PipesplitError(f"forward-only plans on {args.schedule} with V = {per} are not priced: use GPipe or "
+                                 "1F1B, or --mode train (which replays every schedule's own action order)")
         chunks = schedule_chunks(choose_chunks(None if args.chunks is None else parse_chunks(args.chunks),
-                                               spec.batch_size, DEFAULT_CHUNKS), args.schedule, args.stages,
-                                 mode=args.mode)
+                                               spec.batch_size, DEFAULT_CHUNKS), args.schedule, args.stages * per,
+                                 per, mode=args.mode)
         if args.repeats < 1 or args.rounds < 1:
             raise PipesplitError(f"--repeats {args.repeats} and --rounds {args.rounds} must be at least 1")
         prof, _ = load_for_stages(spec, stages=args.stages, device=args.device, threads=args.threads_per_stage,
-                                  granularity=args.granularity, reprofile=args.reprofile, root=Path(args.cache_dir))
-        grid = [(cuts, m) for cuts in _grid_cuts(len(prof.segments), args.stages, args.cuts) for m in chunks]
+                                  granularity=args.granularity, reprofile=args.reprofile, root=Path(args.cache_dir),
+                                  train=train)
+        grid = [(cuts, m) for cuts in _grid_cuts(len(prof.segments), args.stages * per, args.cuts) for m in chunks]
         plans = [SplitPlan(model=spec, split_points=tuple(SplitPoint(prof.segments[c].fqn) for c in cuts), chunks=m,
                            backend=args.backend, device=args.device, threads_per_stage=args.threads_per_stage,
-                           schedule=args.schedule, mode=args.mode, optimizer=args.optimizer)
+                           schedule=args.schedule, stages_per_rank=per, mode=args.mode, optimizer=args.optimizer)
                  for cuts, m in grid]
         # rounds interleave the plans, so a machine that drifts over the minutes a grid takes slows all alike
         with StagePool(args.stages, device=args.device, threads_per_stage=args.threads_per_stage) as pool, \
@@ -128,6 +156,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                                tick=lambda i, r: bar.update())
         for i, why in runs.failures.items():
             print(f"failed: {plans[i].describe()}: {why}", file=sys.stderr)
+        # the action order depends on the schedule, ranks, V and chunks, not on the cuts: the first run of each
+        # chunk count prices them all (its own run included, as torch's schedule objects would)
+        orders: dict[int, Any] = {}
+        for i, (_, m) in enumerate(grid):
+            if i not in runs.failures and runs.results[i] and m not in orders:
+                orders[m] = runs.results[i][-1].extra.get("actions")
         rows = []
         calib_rows: list[TrialRows | None] = []
         records: list[dict[str, Any]] = []
@@ -135,7 +169,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             res = runs.results[i]
             if i in runs.failures or not res:
                 continue
-            pred = simulate(prof, cuts, m)
+            actions = res[-1].extra.get("actions")
+            pred, tp = (simulate(prof, cuts, m), None) if not train else \
+                _train_prediction(prof, cuts, m, orders.get(m) or actions, args.optimizer)
             measured = [t for r in res for t in r.pipeline_s]
             meas = statistics.median(measured)
             rows.append((plan, pred, meas, min(measured), max(measured), statistics.median(runs.speedups(i))))
@@ -146,6 +182,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             peaks = [max(r.peak_mem_bytes[k] for r in res) for k in range(len(res[0].peak_mem_bytes))]
             records.append({"cuts": cuts, "chunks": m, "predicted": pred.to_dict(), "pipeline_s": measured,
                             "peak_mem_bytes": peaks, "schedule": args.schedule, "mode": args.mode,
+                            "base_mem_bytes": [min(r.base_mem_bytes[k] for r in res) for k in range(len(peaks))]
+                            if res[0].base_mem_bytes else [],
+                            "predicted_step_bytes": list(tp.rank_step_bytes) if tp is not None else None,
+                            "actions": actions,
                             "serial_s": [t for r in res for t in r.serial_s], "speedups": runs.speedups(i),
                             "stage_compute_s": [list(r.stage_compute_s) for r in res],
                             "events": [list(map(list, ev)) for ev in res[-1].events]})
@@ -156,8 +196,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     for rec, cal in zip(records, calibrated):
         rec["calibrated_speedup"] = cal
     if args.mode == "train":
-        print(f"training steps on {args.schedule} ({args.optimizer}): the predictions price the forward pipeline "
-              "only (a ranking hint); measured seconds and speedups are whole training steps")
+        print(f"training steps on {args.schedule} (V = {args.stages_per_rank}, {args.optimizer}): each priced from the "
+              "training profile in the action order torch ran for its chunk count (costmodel.train)")
     print(f"{'cut(s)':<24} {'chunks':>6} {'predicted_s':>11} {'measured_s':>10} {'spread_s':>13} {'error':>7} "
           f"{'pred_speedup':>12} {'calibrated':>10} {'speedup':>7} {'error':>7}  peak_MiB/stage")
     for (plan, pred, meas, lo, hi, speedup), cal, rec in zip(rows, calibrated, records):
@@ -167,6 +207,18 @@ def main(argv: Sequence[str] | None = None) -> int:
               f"{'-' if cal is None else format(cal, '.2f'):>10} {speedup:7.2f} "
               f"{100 * (pred.speedup - speedup) / speedup:+6.1f}%  "
               + ",".join(f"{b / 2**20:.0f}" for b in rec["peak_mem_bytes"]))
+    memory = [(p, m) for rec in records if rec.get("predicted_step_bytes") and rec.get("base_mem_bytes")
+              for p, m in zip(rec["predicted_step_bytes"],
+                              [pk - b for pk, b in zip(rec["peak_mem_bytes"], rec["base_mem_bytes"])])]
+    if memory:
+        errors = [abs(p - m) / m for p, m in memory if m > 0]
+        print("memory a step adds per rank (gradients + activations in flight), predicted vs measured MiB: "
+              + "; ".join(f"{p / 2**20:.0f}/{m / 2**20:.0f}" for p, m in memory)
+              + (f"; MAPE {100 * statistics.mean(errors):.1f}%" if errors else ""))
+        whole = [(b + p, pk) for rec in records if rec.get("predicted_step_bytes") and rec.get("base_mem_bytes")
+                 for p, b, pk in zip(rec["predicted_step_bytes"], rec["base_mem_bytes"], rec["peak_mem_bytes"])]
+        print("peak memory per rank (held as the step starts, measured, + predicted step): MAPE "
+              f"{100 * statistics.mean(abs(a - b) / b for a, b in whole):.1f}% over {len(whole)} ranks x plans")
     if rows:
         ceiling = rows[0][1].ceiling
         above = sum(1 for r in rows if ceiling is not None and r[1].speedup > ceiling + 1e-9)

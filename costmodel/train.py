@@ -1,0 +1,130 @@
+"""Price a training step, pure: the profile's per-segment times, replayed in a schedule's own action order.
+
+A plan's stages are the profile's segments between its cuts; each stage's forward, backward (or input
+grad and weight grad) and optimizer step are the sums of its segments' at the microbatch size; each cut
+carries the activation forward and its gradient (the same bytes) back. The action order is what torch's
+schedule ran for that schedule, ranks, stages per rank and chunk count (``TrialResult.extra["actions"]``:
+it does not depend on where the cuts are, so one run of a layout prices every cut of it). The step ends
+when the last rank has finished its backwards and its optimizer step (ranks step their own parameters at
+once). The serial step is every segment's forward, backward and optimizer step on the whole batch.
+
+Memory per stage: parameters, their gradients and the optimizer's state (AdamW two copies, SGD with
+momentum one), plus the activations its forwards keep until their backward frees them, at the most
+microbatches the action order ever holds in flight on that stage (GPipe all of them, 1F1B about one
+per stage still to drain).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from costmodel.replay import StageTimes, parse_action, replay
+from costmodel.types import Profile, Segment, interpolate
+
+__all__ = ["OPTIMIZER_STATES", "TrainPrediction", "in_flight", "predict_train", "train_stage_times"]
+
+OPTIMIZER_STATES = {"adamw": 2, "sgd": 1}
+"""Copies of the parameters an optimizer keeps (AdamW: two moments; SGD with momentum: one buffer)."""
+
+
+def _bounds(cuts: Sequence[int], n: int) -> list[tuple[int, int]]:
+    b = [0, *cuts, n]
+    if any(not x < y for x, y in zip(b, b[1:])):
+        raise ValueError(f"cuts {list(cuts)} must be increasing and inside 1..{n - 1}")
+    return list(zip(b, b[1:]))
+
+
+def train_stage_times(profile: Profile, cuts: Sequence[int], chunks: int) -> tuple[list[StageTimes], list[float]]:
+    """(each stage's times per microbatch, each stage's optimizer step) for cuts before segments ``cuts``."""
+    if chunks < 1 or profile.batch_size % chunks:
+        raise ValueError(f"chunks {chunks} must divide batch size {profile.batch_size}")
+    segs = profile.segments
+    if not segs[0].backward_s:
+        raise ValueError("the profile has no backward times: profile for training (costmodel.profile --train)")
+    m = profile.batch_size // chunks
+    out, opt = [], []
+    for a, b in _bounds(cuts, len(segs)):
+        part: Sequence[Segment] = segs[a:b]
+        link = profile.link.time(part[-1].out_bytes * m) if b < len(segs) else 0.0
+        out.append(StageTimes(forward=sum(s.latency(m) for s in part), backward=sum(interpolate(s.backward_s, m) for s in part),
+                              input_grad=sum(interpolate(s.input_grad_s, m) for s in part),
+                              weight_grad=sum(interpolate(s.weight_grad_s, m) for s in part),
+                              link_forward=link, link_backward=link))
+        opt.append(sum(s.optimizer_s or 0.0 for s in part))
+    return out, opt
+
+
+def in_flight(actions: Sequence[Sequence[str]]) -> dict[int, int]:
+    """Per stage, the most microbatches whose activations its rank holds at once in this order: a forward
+    keeps them until the backward that frees them (``W`` where the schedule splits it, else ``B``)."""
+    held: dict[int, int] = {}
+    most: dict[int, int] = {}
+    for order in actions:
+        parsed = [parse_action(a) for a in order]
+        splits = {a.stage for a in parsed if a.kind == "W"}
+        for a in parsed:
+            if a.kind == "F":
+                held[a.stage] = held.get(a.stage, 0) + 1
+            elif (a.kind == "W") or (a.kind == "B" and a.stage not in splits):
+                held[a.stage] = held.get(a.stage, 0) - 1
+            most[a.stage] = max(most.get(a.stage, 0), held.get(a.stage, 0))
+    return most
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainPrediction:
+    """What the training model expects of a plan on one schedule."""
+
+    makespan_s: float
+    serial_s: float
+    bubble_fraction: float
+    stage_mem_bytes: tuple[int, ...]
+    """Per stage: parameters + gradients + optimizer state + activations in flight."""
+    rank_mem_bytes: tuple[int, ...]
+    """Per rank: the sum over the stages it holds."""
+    rank_step_bytes: tuple[int, ...] = ()
+    """Per rank: what a step adds to the memory held as it starts: gradients (freed by ``zero_grad`` between
+    steps) and activations in flight; what a trial measures as its peak less its base."""
+
+    @property
+    def speedup(self) -> float:
+        return self.serial_s / self.makespan_s if self.makespan_s > 0 else 0.0
+
+
+def predict_train(profile: Profile, cuts: Sequence[int], chunks: int, actions: Sequence[Sequence[str]], *,
+                  optimizer: str = "adamw") -> TrainPrediction:
+    """Predict one training step of the plan that cuts before ``cuts`` with ``chunks`` microbatches, on
+    the schedule whose per-rank action order is ``actions``."""
+    times, opt = train_stage_times(profile, cuts, chunks)
+    busy = len(actions)
+    slow = profile.machine.contention_at(busy) if profile.machine is not None else 1.0
+    scaled = [StageTimes(forward=t.forward * slow, backward=t.backward * slow, input_grad=t.input_grad * slow,
+                         weight_grad=t.weight_grad * slow, link_forward=t.link_forward,
+                         link_backward=t.link_backward) for t in times]
+    run = replay(actions, scaled)
+    rank_of = {parse_action(a).stage: r for r, order in enumerate(actions) for a in order}
+    finish = [0.0] * busy
+    for act, end in run.end.items():
+        r = rank_of[act.stage]
+        finish[r] = max(finish[r], end)
+    step_end = [finish[r] + sum(opt[s] for s, rr in rank_of.items() if rr == r) * slow for r in range(busy)]
+    segs = profile.segments
+    n = profile.batch_size
+    serial = sum(s.latency(n) + interpolate(s.backward_s, n) + (s.optimizer_s or 0.0) for s in segs)
+    flight = in_flight(actions)
+    m = n // chunks
+    states = 1 + OPTIMIZER_STATES.get(optimizer, 2)  # gradients + the optimizer's copies
+    stage_mem, stage_step = [], []
+    for k, (lo, hi) in enumerate(_bounds(cuts, len(segs))):
+        params = sum(s.param_bytes for s in segs[lo:hi])
+        acts = sum(s.saved_bytes for s in segs[lo:hi]) * m * flight.get(k, 0)
+        stage_mem.append(int(params * (1 + states) + acts))
+        stage_step.append(int(params + acts))
+    rank_mem = [sum(stage_mem[s] for s, rr in rank_of.items() if rr == r) for r in range(busy)]
+    rank_step = [sum(stage_step[s] for s, rr in rank_of.items() if rr == r) for r in range(busy)]
+    makespan = max(step_end)
+    return TrainPrediction(makespan_s=makespan, serial_s=serial,
+                           bubble_fraction=1 - sum(run.busy) / (busy * run.makespan) if run.makespan > 0 else 0.0,
+                           stage_mem_bytes=tuple(stage_mem), rank_mem_bytes=tuple(rank_mem),
+                           rank_step_bytes=tuple(rank_step))

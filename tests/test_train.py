@@ -1,0 +1,48 @@
+"""costmodel.train: a training step priced by replaying a schedule's recorded action order (pure)."""
+
+import dataclasses
+
+import pytest
+
+from costmodel.train import in_flight, predict_train, train_stage_times
+from tests.conftest import toy_profile
+from tests.test_replay import ONE_F_ONE_B
+
+GPIPE = [["0F0", "0F1", "0F2", "0F3", "0B0", "0B1", "0B2", "0B3"],
+         ["1F0", "1F1", "1F2", "1F3", "1B0", "1B1", "1B2", "1B3"]]
+
+
+def training_profile(per_sample=(1.0, 1.0, 1.0, 1.0), saved=100):
+    prof = toy_profile(list(per_sample))
+    segs = tuple(dataclasses.replace(s, backward_s={m: 2 * v for m, v in s.latency_s.items()},
+                                     input_grad_s={m: v for m, v in s.latency_s.items()},
+                                     weight_grad_s={m: v for m, v in s.latency_s.items()},
+                                     optimizer_s=0.5, saved_bytes=saved, param_bytes=1000) for s in prof.segments)
+    return dataclasses.replace(prof, segments=segs)
+
+
+def test_stage_times_sum_their_segments_at_the_microbatch_size():
+    times, opt = train_stage_times(training_profile(), [2], 4)  # microbatch 2
+    assert [t.forward for t in times] == [4.0, 4.0] and [t.backward for t in times] == [8.0, 8.0]
+    assert opt == [1.0, 1.0]
+    with pytest.raises(ValueError, match="profile for training"):
+        train_stage_times(toy_profile([1.0, 1.0]), [1], 2)
+
+
+def test_1f1b_holds_fewer_microbatches_in_flight_than_gpipe():
+    assert in_flight(GPIPE) == {0: 4, 1: 4}
+    assert in_flight(ONE_F_ONE_B) == {0: 2, 1: 1}
+    assert in_flight([["0F0", "0I0", "0W0", "0F1", "0I1", "0W1"]]) == {0: 1}  # W frees, not I
+
+
+def test_a_step_is_the_replayed_schedule_then_each_ranks_optimizer_step():
+    prof = training_profile()
+    g = predict_train(prof, [2], 4, GPIPE)
+    o = predict_train(prof, [2], 4, ONE_F_ONE_B)
+    # stages of F=4, B=8 per microbatch: (M + S - 1) x (F + B) = 60, then a 1 s optimizer step on each rank
+    assert g.makespan_s == pytest.approx(61) and o.makespan_s == pytest.approx(61)
+    assert g.serial_s == pytest.approx(4 * 8 * 3 + 4 * 0.5)  # every segment's forward, backward, step at 8
+    # memory: parameters, gradients, AdamW's two moments; activations 100 B/sample x 2 segments x 2 samples
+    assert g.stage_mem_bytes == (2000 * 4 + 400 * 4, 2000 * 4 + 400 * 4)
+    assert o.stage_mem_bytes == (2000 * 4 + 400 * 2, 2000 * 4 + 400 * 1)
+    assert predict_train(prof, [2], 4, GPIPE, optimizer="sgd").stage_mem_bytes[0] == 2000 * 3 + 400 * 4
