@@ -95,8 +95,16 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     from costmodel.profile import add_cache_args, load_for_stages
     from pipeline.cli import Parser, add_model_args, spec_from_args
-    from pipeline.core.plan import MODES, OPTIMIZERS, SCHEDULES, SplitPlan, SplitPoint, choose_chunks, parse_chunks
-    from pipeline.core.plan import schedule_chunks
+    from pipeline.core.plan import (
+        MODES,
+        OPTIMIZERS,
+        SCHEDULES,
+        SplitPlan,
+        SplitPoint,
+        choose_chunks,
+        parse_chunks,
+        schedule_chunks,
+    )
     from pipeline.hosts import available_cores
     from pipeline.pool import StagePool
     from pipeline.rounds import interleaved
