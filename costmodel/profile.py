@@ -130,7 +130,8 @@ def profile_model(spec: ModelSpec, *, device: str = "cpu", threads: int = 1, gra
                 backward_s={m: first.backward_s[m][k][0] for m in first.backward_s},
                 input_grad_s={m: first.backward_s[m][k][1] for m in first.backward_s},
                 weight_grad_s={m: first.backward_s[m][k][2] for m in first.backward_s},
-                optimizer_s=first.optimizer_s[k] if first.optimizer_s else None)
+                optimizer_s=first.optimizer_s[k] if first.optimizer_s else None,
+                saved_bytes=int(first.saved_bytes[k]) if first.saved_bytes else 0)
         for k in range(n)
     )
     from pipeline.export import provenance

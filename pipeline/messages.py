@@ -119,6 +119,8 @@ class SegmentReply:
     """Training profiles: microbatch size -> each segment's median (whole backward, input grad, weight grad) s."""
     optimizer_s: tuple[float, ...] = ()
     """Training profiles: each segment's optimizer step (AdamW over its parameters), median seconds."""
+    saved_bytes: tuple[int, ...] = ()
+    """Training profiles: bytes per sample each segment's forward keeps for its backward."""
 
 
 @dataclass(frozen=True, kw_only=True)

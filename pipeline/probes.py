@@ -155,6 +155,26 @@ def _backward_times(mod: nn.Module, inputs: tuple[Any, ...], repeats: int,
     return (statistics.median(whole[1:]), statistics.median(first[1:]), statistics.median(second[1:]))
 
 
+def _saved_bytes(mod: nn.Module, inputs: tuple[Any, ...]) -> int:
+    """Bytes a segment's forward keeps for its backward (autograd's saved tensors, parameters and shared
+    storage counted once, parameters not at all): its activation memory per microbatch in flight."""
+    params = {q.untyped_storage().data_ptr() for q in mod.parameters()}
+    seen: dict[int, int] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        storage = t.untyped_storage()
+        if storage.data_ptr() not in params:
+            seen[storage.data_ptr()] = storage.nbytes()
+        return t
+
+    ins = tuple(t.detach().requires_grad_(True) if isinstance(t, torch.Tensor) and t.is_floating_point() else t
+                for t in inputs)
+    with torch.enable_grad(), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = mod(*ins)
+    del out
+    return sum(seen.values())
+
+
 def _optimizer_time(mod: nn.Module, repeats: int, sync: Callable[[], None]) -> float:
     """Median seconds of one AdamW step over a segment's parameters (on copies, with unit gradients)."""
     params = [torch.nn.Parameter(q.detach().clone()) for q in mod.parameters() if q.requires_grad]
@@ -190,6 +210,7 @@ def time_segments(spec: ModelSpec, *, granularity: str, micro: Sequence[int], re
     params: tuple[int, ...] = ()
     bwd: dict[int, tuple[tuple[float, float, float], ...]] = {}
     opt: tuple[float, ...] = ()
+    saved: tuple[int, ...] = ()
     for m in micro:
         gm = trace_all_cuts(model, cands, rows(x_all, m))
         runner = SegmentRunner(gm, sync)
@@ -210,12 +231,14 @@ def time_segments(spec: ModelSpec, *, granularity: str, micro: Sequence[int], re
             bwd[m] = tuple(_backward_times(mods[t], runner.inputs[t], max(1, repeats), sync) for t in names)
             if not opt:
                 opt = tuple(_optimizer_time(mods[t], max(1, repeats), sync) for t in names)
+            if m == max(micro):  # per sample, from the largest microbatch (the least rounding)
+                saved = tuple(_saved_bytes(mods[t], runner.inputs[t]) // m for t in names)
         if count and not params:
             cross = tuple(b // m for b in crossing_bytes(gm, runner.values, n))
             params = tuple(sum(p.numel() * p.element_size() for p in mods[t].parameters())
                            + sum(b.numel() * b.element_size() for b in mods[t].buffers()) for t in names)
     return SegmentReply(rank=rank, blocks=cands.blocks, latency_s=lat, spread=spread, cross_bytes=cross,
-                        param_bytes=params, backward_s=bwd, optimizer_s=opt)
+                        param_bytes=params, backward_s=bwd, optimizer_s=opt, saved_bytes=saved)
 
 
 def ping_pong(rank: int, device: torch.device, sizes: Sequence[int], repeats: int,

@@ -32,3 +32,6 @@ def test_a_training_profile_times_each_segments_backward_halves_and_optimizer_st
     assert first[0] == 0.0  # the first segment's input (the image) needs no gradient
     assert all(t > 0 for t in first[1:])  # every later segment returns its input's gradient upstream
     assert all(t >= 0 for t in out.optimizer_s) and max(out.optimizer_s) > 0
+    assert len(out.saved_bytes) == n and all(b > 0 for b in out.saved_bytes[1:-1])
+    tokens = (32 // 8) ** 2 + 1
+    assert out.saved_bytes[1] > tokens * 48 * 4  # a block keeps more than its input for its backward

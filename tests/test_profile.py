@@ -80,7 +80,7 @@ def test_a_training_profile_keeps_backward_and_optimizer_times_and_its_own_cache
                                         train=True)
     assert not was_cached and train.key != prof.key  # forward-only profiles keep their cache entries
     s = train.segments[1]
-    assert set(s.backward_s) == {2, 8} and s.backward_s[8] > 0 and s.optimizer_s is not None
+    assert set(s.backward_s) == {2, 8} and s.backward_s[8] > 0 and s.optimizer_s is not None and s.saved_bytes > 0
     assert not prof.segments[1].backward_s
     assert Profile.from_dict(json.loads(json.dumps(train.to_dict()))) == train
     from tests.conftest import TINY_VIT_ARGS
