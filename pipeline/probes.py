@@ -114,17 +114,18 @@ def timed_repeats(repeats: int, m: int, batch: int) -> int:
 
 
 def _backward_times(mod: nn.Module, inputs: tuple[Any, ...], repeats: int,
-                    sync: Callable[[], None]) -> tuple[float, float, float]:
+                    sync: Callable[[], None], *, takes_batch: bool = False) -> tuple[float, float, float]:
     """One segment's median (whole backward, input grad, weight grad) seconds at the inputs' microbatch:
     autograd from the segment's outputs to its float inputs and its parameters, as a pipeline stage's
-    backward runs (a zero-bubble schedule's ``I`` then ``W``)."""
+    backward runs (a zero-bubble schedule's ``I`` then ``W``); a segment that ``takes_batch`` needs no input
+    gradient (the batch is no activation)."""
     from torch.utils._pytree import tree_leaves
 
     params = [q for q in mod.parameters() if q.requires_grad]
     whole, first, second = [], [], []
     for _ in range(repeats + 1):
-        ins = tuple(t.detach().requires_grad_(True) if isinstance(t, torch.Tensor) and t.is_floating_point() else t
-                    for t in inputs)
+        ins = tuple(t.detach().requires_grad_(not takes_batch) if isinstance(t, torch.Tensor) and t.is_floating_point()
+                    else t for t in inputs)
         leaves = [t for t in ins if isinstance(t, torch.Tensor) and t.requires_grad]
         times = []
         for split in (False, True):
@@ -148,7 +149,7 @@ def _backward_times(mod: nn.Module, inputs: tuple[Any, ...], repeats: int,
             if params:
                 torch.autograd.grad(outs, params, grads, allow_unused=True)
             sync()
-            times += [t1 - t0, time.perf_counter() - t1]
+            times += [t1 - t0 if leaves else 0.0, time.perf_counter() - t1]
         whole.append(times[0])
         first.append(times[1])
         second.append(times[2])
@@ -228,7 +229,8 @@ def time_segments(spec: ModelSpec, *, granularity: str, micro: Sequence[int], re
         spread[m] = tuple((min(v), max(v)) for v in samples)
         mods = dict(gm.named_children())
         if train:
-            bwd[m] = tuple(_backward_times(mods[t], runner.inputs[t], max(1, repeats), sync) for t in names)
+            bwd[m] = tuple(_backward_times(mods[t], runner.inputs[t], max(1, repeats), sync, takes_batch=k == 0)
+                           for k, t in enumerate(names))
             if not opt:
                 opt = tuple(_optimizer_time(mods[t], max(1, repeats), sync) for t in names)
             if m == max(micro):  # per sample, from the largest microbatch (the least rounding)
