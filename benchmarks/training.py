@@ -74,8 +74,13 @@ def side_by_side(pool: Any, plans: dict[str, Any], rounds: int, repeats: int) ->
         peak = [max(r.peak_mem_bytes[k] for r in res) for k in range(ranks)]
         base = [min(r.base_mem_bytes[k] for r in res) for k in range(ranks)] if res[0].base_mem_bytes else [0] * ranks
         adds = [p - b for p, b in zip(peak, base)]
-        compute = [statistics.median(r.stage_compute_s[k] for r in res) for k in range(ranks)]
-        idle = 1 - sum(compute) / (ranks * statistics.median(secs))
+        last = res[-1]
+        if last.work_events:  # forwards, backwards and weight grads, as the schedule ran them (last repeat)
+            work = sum(b - a for ev in last.work_events for _, a, b in ev)
+            idle = 1 - work / (ranks * last.pipeline_s[-1])
+        else:
+            compute = [statistics.median(r.stage_compute_s[k] for r in res) for k in range(ranks)]
+            idle = 1 - sum(compute) / (ranks * statistics.median(secs))
         figures[name] = {"plan": plan.to_dict(), "speedups": v, "pipeline_s": secs, "peak_mem_bytes": peak,
                          "base_mem_bytes": base, "step_adds_bytes": adds, "idle_share": idle}
         print(f"{name:<28} {plan.describe():<70} {statistics.median(v):.2f}x (min {min(v):.2f}, max {max(v):.2f}, "
