@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from costmodel.replay import StageTimes, parse_action, replay
-from costmodel.types import Profile, Segment, interpolate
+from costmodel.types import Machine, Profile, Segment, interpolate
 
 __all__ = ["OPTIMIZER_STATES", "TrainPrediction", "in_flight", "predict_train", "train_stage_times"]
 
@@ -35,12 +35,14 @@ def _bounds(cuts: Sequence[int], n: int) -> list[tuple[int, int]]:
     return list(zip(b, b[1:]))
 
 
-def train_stage_times(profile: Profile, cuts: Sequence[int], chunks: int) -> tuple[list[StageTimes], list[float]]:
-    """(each stage's times per microbatch, each stage's optimizer step) for cuts before segments ``cuts``."""
+def train_stage_times(profile: Profile, cuts: Sequence[int], chunks: int, *,
+                      train: bool = True) -> tuple[list[StageTimes], list[float]]:
+    """(each stage's times per microbatch, each stage's optimizer step) for cuts before segments ``cuts``;
+    forward-only (``train`` False) needs no backward times."""
     if chunks < 1 or profile.batch_size % chunks:
         raise ValueError(f"chunks {chunks} must divide batch size {profile.batch_size}")
     segs = profile.segments
-    if not segs[0].backward_s:
+    if train and not segs[0].backward_s:
         raise ValueError("the profile has no backward times: profile for training (costmodel.profile --train)")
     m = profile.batch_size // chunks
     out, opt = [], []
@@ -57,16 +59,15 @@ def train_stage_times(profile: Profile, cuts: Sequence[int], chunks: int) -> tup
 
 def in_flight(actions: Sequence[Sequence[str]]) -> dict[int, int]:
     """Per stage, the most microbatches whose activations its rank holds at once in this order: a forward
-    keeps them until the backward that frees them (``W`` where the schedule splits it, else ``B``)."""
+    keeps them until the backward that frees them (``W`` where the schedule splits it, else ``B``; DualPipeV
+    does both on one stage)."""
     held: dict[int, int] = {}
     most: dict[int, int] = {}
     for order in actions:
-        parsed = [parse_action(a) for a in order]
-        splits = {a.stage for a in parsed if a.kind == "W"}
-        for a in parsed:
+        for a in map(parse_action, order):
             if a.kind == "F":
                 held[a.stage] = held.get(a.stage, 0) + 1
-            elif (a.kind == "W") or (a.kind == "B" and a.stage not in splits):
+            elif a.kind in "BW":  # a microbatch's backward is whole (B) or in halves, W the last
                 held[a.stage] = held.get(a.stage, 0) - 1
             most[a.stage] = max(most.get(a.stage, 0), held.get(a.stage, 0))
     return most
@@ -93,12 +94,18 @@ class TrainPrediction:
 
 
 def predict_train(profile: Profile, cuts: Sequence[int], chunks: int, actions: Sequence[Sequence[str]], *,
-                  optimizer: str = "adamw") -> TrainPrediction:
+                  optimizer: str = "adamw", train: bool = True, machine: Machine | None = None) -> TrainPrediction:
     """Predict one training step of the plan that cuts before ``cuts`` with ``chunks`` microbatches, on
-    the schedule whose per-rank action order is ``actions``."""
-    times, opt = train_stage_times(profile, cuts, chunks)
+    the schedule whose per-rank action order is ``actions`` (forward-only where not ``train``: the
+    forwards of that order, no optimizer step, parameters alone in memory); ``machine`` replaces the
+    profile's (a calibrated one)."""
+    times, opt = train_stage_times(profile, cuts, chunks, train=train)
+    if not train:
+        opt = [0.0] * len(opt)
+        actions = [[a for a in order if parse_action(a).kind == "F"] for order in actions]
     busy = len(actions)
-    slow = profile.machine.contention_at(busy) if profile.machine is not None else 1.0
+    machine = machine or profile.machine
+    slow = machine.contention_at(busy) if machine is not None else 1.0
     scaled = [StageTimes(forward=t.forward * slow, backward=t.backward * slow, input_grad=t.input_grad * slow,
                          weight_grad=t.weight_grad * slow, link_forward=t.link_forward,
                          link_backward=t.link_backward) for t in times]
@@ -111,16 +118,17 @@ def predict_train(profile: Profile, cuts: Sequence[int], chunks: int, actions: S
     step_end = [finish[r] + sum(opt[s] for s, rr in rank_of.items() if rr == r) * slow for r in range(busy)]
     segs = profile.segments
     n = profile.batch_size
-    serial = sum(s.latency(n) + interpolate(s.backward_s, n) + (s.optimizer_s or 0.0) for s in segs)
-    flight = in_flight(actions)
+    serial = sum(s.latency(n) + (interpolate(s.backward_s, n) + (s.optimizer_s or 0.0) if train else 0.0)
+                 for s in segs)
+    flight = in_flight(actions) if train else {}
     m = n // chunks
-    states = 1 + OPTIMIZER_STATES.get(optimizer, 2)  # gradients + the optimizer's copies
+    states = 1 + OPTIMIZER_STATES.get(optimizer, 2) if train else 0  # gradients + the optimizer's copies
     stage_mem, stage_step = [], []
     for k, (lo, hi) in enumerate(_bounds(cuts, len(segs))):
         params = sum(s.param_bytes for s in segs[lo:hi])
         acts = sum(s.saved_bytes for s in segs[lo:hi]) * m * flight.get(k, 0)
         stage_mem.append(int(params * (1 + states) + acts))
-        stage_step.append(int(params + acts))
+        stage_step.append(int(params + acts) if train else 0)
     rank_mem = [sum(stage_mem[s] for s, rr in rank_of.items() if rr == r) for r in range(busy)]
     rank_step = [sum(stage_step[s] for s, rr in rank_of.items() if rr == r) for r in range(busy)]
     makespan = max(step_end)

@@ -184,7 +184,8 @@ def _build_torch(plan: SplitPlan, model: nn.Module, x: Batch, rank: int, device:
 
 def _record(stage: Any, log: WorkLog) -> None:
     """Log each forward and backward that the schedule runs on ``stage``, in order: what ran, not what the
-    schedule object's ``pipeline_order`` lists (torch 2.14's 1F1B lists its last rank's microbatches as 1..n)."""
+    schedule object's ``pipeline_order`` lists (torch 2.14's 1F1B lists its last rank's microbatches as 1..n);
+    a forward-only run's backward calls, which return at once, are not work."""
     i = stage.stage_index
     fwd, bwd, wgt = stage.forward_one_chunk, stage.backward_one_chunk, getattr(stage, "backward_weight_one_chunk", None)
 
@@ -192,6 +193,8 @@ def _record(stage: Any, log: WorkLog) -> None:
         return log.run(f"{i}F{chunk}", fwd, chunk, *a, **k)
 
     def backward_one_chunk(chunk: int, *a: Any, **k: Any) -> Any:
+        if not getattr(stage, "has_backward", True):  # forward-only: torch's multi-stage schedules still call it
+            return bwd(chunk, *a, **k)
         full = k.get("full_backward", a[1] if len(a) > 1 else True)
         return log.run(f"{i}{'B' if full else 'I'}{chunk}", bwd, chunk, *a, **k)
 

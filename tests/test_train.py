@@ -46,3 +46,17 @@ def test_a_step_is_the_replayed_schedule_then_each_ranks_optimizer_step():
     assert g.stage_mem_bytes == (2000 * 4 + 400 * 4, 2000 * 4 + 400 * 4)
     assert o.stage_mem_bytes == (2000 * 4 + 400 * 2, 2000 * 4 + 400 * 1)
     assert predict_train(prof, [2], 4, GPIPE, optimizer="sgd").stage_mem_bytes[0] == 2000 * 3 + 400 * 4
+
+
+def test_dualpipev_frees_a_microbatch_on_a_whole_or_a_split_backward():
+    assert in_flight([["0F0", "0F1", "0B0", "0I1", "0W1"]]) == {0: 2}
+    assert in_flight([["0F0", "0B0", "0F1", "0I1", "0W1"]]) == {0: 1}
+
+
+def test_forward_only_replays_the_orders_forwards_with_parameters_alone_in_memory():
+    prof = toy_profile([1.0, 1.0, 1.0, 1.0])  # no backward times: a forward-only profile prices inference
+    p = predict_train(prof, [2], 4, GPIPE, train=False)
+    assert p.makespan_s == pytest.approx(5 * 4.0)  # (M + S - 1) x F at F = 4 (2 segments x microbatch 2)
+    assert p.serial_s == pytest.approx(4 * 8.0)
+    assert p.stage_mem_bytes == tuple(sum(s.param_bytes for s in prof.segments[a:b]) for a, b in ((0, 2), (2, 4)))
+    assert p.rank_step_bytes == (0, 0)

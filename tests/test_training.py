@@ -12,6 +12,7 @@ from pipeline.batch import example_input
 from pipeline.core.errors import PipesplitError
 from pipeline.core.plan import SplitPlan, SplitPoint
 from pipeline.models import build_model, resolve_spec
+from pipeline.orders import schedule_order
 from pipeline.training import IGNORE, Reference, aliases, check_grads, loss_fn, make_optimizer, make_target, reference
 
 GPT2 = {"n_layer": 2, "n_embd": 32, "n_head": 2, "vocab_size": 128, "n_positions": 32}
@@ -138,18 +139,23 @@ def test_two_virtual_stages_per_rank_interleave_and_match_the_unsplit_model(pool
     r = pool2.run(plan, repeats=1, warmup=0, serial_all=False)
     assert r.ok, r.reason
     assert r.max_abs_diff <= r.tolerance and len(r.peak_mem_bytes) == 2
+    torch_order = schedule_order("Interleaved1F1B", 2, 2, 4, train=mode == "train")
+    assert torch_order is not None and r.extra["actions"] == [list(a) for a in torch_order.actions]  # what the model replays
 
 
 @pytest.mark.slow
 @pytest.mark.multiprocess
-def test_a_zero_bubble_v_schedule_trains_with_same_rank_neighbours(pool2, tiny_spec):
+@pytest.mark.parametrize("schedule", ["ZBVZeroBubble", "DualPipeV"])
+def test_a_zero_bubble_v_schedule_trains_with_same_rank_neighbours(pool2, tiny_spec, schedule):
     # rank 1 holds stages 1 and 2: torch's warm-up would send to itself (gloo: "Pair is not connected")
     plan = SplitPlan(model=tiny_spec, split_points=tuple(SplitPoint(f"blocks.{i}") for i in (1, 2, 3)), chunks=4,
-                     schedule="ZBVZeroBubble", stages_per_rank=2, mode="train")
+                     schedule=schedule, stages_per_rank=2, mode="train")
     r = pool2.run(plan, repeats=1, warmup=0, serial_all=False)
     assert r.ok, r.reason
     assert r.max_abs_diff <= r.tolerance
     assert any("W" in a for a in r.extra["actions"][1])  # weight-grad apart from input-grad
+    torch_order = schedule_order(schedule, 2, 2, 4, train=True)
+    assert torch_order is not None and r.extra["actions"] == [list(a) for a in torch_order.actions]
 
 
 @pytest.mark.slow
@@ -160,3 +166,5 @@ def test_the_recorded_1f1b_action_order_is_the_textbook_one(pool2, tiny_spec):
     assert r.ok, r.reason
     assert r.extra["actions"] == [["0F0", "0F1", "0B0", "0F2", "0B1", "0F3", "0B2", "0B3"],
                        ["1F0", "1B0", "1F1", "1B1", "1F2", "1B2", "1F3", "1B3"]]
+    torch_order = schedule_order("1F1B", 2, 1, 4, train=True)
+    assert torch_order is not None and r.extra["actions"] == [list(a) for a in torch_order.actions]
