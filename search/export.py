@@ -133,16 +133,19 @@ def export(study: optuna.Study, ctx: SearchContext, outdir: Path, *, confirmatio
         budget += (f" Ceiling: {ceiling:.2f}x is the most speedup this machine can give {stages} stages (cores / "
                    "threads per stage on CPU); no prediction exceeds it.")
     if (study.user_attrs.get("config") or {}).get("mode") == "train":
-        budget += (" Training steps (forward, loss, backward, optimizer): the cost model prices forward passes only, "
-                   "so 'predicted' is the forward pipeline's speedup, a ranking hint, and no plan was pruned by it.")
+        budget += (" Training steps (forward, loss, backward, optimizer): 'predicted' replays each schedule's own "
+                   "action order (torch's) over the profile's forward, backward and optimizer-step times.")
     limit = (study.user_attrs.get("config") or {}).get("max_stage_memory")
     if limit:
         budget += f" Memory limit: every stage at most {format_size(limit)} peak (--max-stage-memory)."
-        if best_no is None and any(t.user_attrs.get(OVER_MEMORY) for t in study.get_trials(deepcopy=False)):
-            least = min(max(t.user_attrs["peak_mem_bytes"]) for t in study.get_trials(deepcopy=False)
-                        if t.user_attrs.get(OVER_MEMORY))
-            budget += (f" No measured plan fits it (the smallest largest-stage peak was {format_size(least)}), so no "
-                       "best split was written: raise the limit, or add stages or stages per rank.")
+        over = [t for t in study.get_trials(deepcopy=False) if t.user_attrs.get(OVER_MEMORY)]
+        if best_no is None and over:
+            peaks = [max(t.user_attrs["peak_mem_bytes"]) for t in over if t.user_attrs.get("peak_mem_bytes")]
+            unrun = sum(1 for t in over if not t.user_attrs.get("peak_mem_bytes"))
+            budget += (" No measured plan fits it"
+                       + (f" (the smallest largest-stage peak was {format_size(min(peaks))})" if peaks else "")
+                       + (f"; {unrun} plan{'s' if unrun != 1 else ''} predicted over it did not run" if unrun else "")
+                       + ", so no best split was written: raise the limit, or add stages or stages per rank.")
     front = pareto_table(study)
     if front:
         table += "\n\n" + front

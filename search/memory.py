@@ -3,6 +3,11 @@
 A measured trial whose largest stage peaked over the limit is infeasible: it is kept (pruned, with its
 figures and the reason), never declared best, and Optuna's constraint for it is that stage's peak less
 the limit in MiB (positive: over), which optuna-dashboard shows as infeasible.
+
+Before a run, a plan whose predicted memory (``costmodel.train``: parameters, gradients, optimizer state
+and activations in flight, per rank) plus the runtime's own (the interpreter and torch's libraries, which
+no stage accounts for: the least that measured trials peaked above their prediction, 0 before any) is
+over the limit is not run: pruned with both figures in the reason.
 """
 
 from __future__ import annotations
@@ -14,7 +19,7 @@ from optuna.trial import FrozenTrial
 
 from pipeline.core.errors import PipesplitError
 
-__all__ = ["OVER_MEMORY", "constraint", "format_size", "over_limit", "parse_size"]
+__all__ = ["OVER_MEMORY", "constraint", "format_size", "over_limit", "parse_size", "predicted_over", "runtime_bytes"]
 
 OVER_MEMORY = "over_memory"
 """User attribute of a measured trial over the limit: the reason, with the figures."""
@@ -50,3 +55,22 @@ def constraint(trial: FrozenTrial, limit: int) -> tuple[float, ...]:
     empty for a trial that measured nothing."""
     peaks = trial.user_attrs.get("peak_mem_bytes") or []
     return ((max(peaks) - limit) / 2**20,) if peaks else ()
+
+
+def runtime_bytes(measured: Sequence[tuple[Sequence[int], Sequence[int]]]) -> int:
+    """The memory a rank holds that no prediction accounts for: the least (measured peak - predicted) over
+    the ranks of the measured trials ``(peaks, predicted)`` (0 before any, never below 0), so that a plan
+    pruned for it would have peaked over the limit with the smallest runtime seen."""
+    gaps = [p - q for peaks, pred in measured for p, q in zip(peaks, pred)]
+    return max(0, min(gaps)) if gaps else 0
+
+
+def predicted_over(predicted: Sequence[int], runtime: int, limit: int) -> str | None:
+    """Why a plan predicted at ``predicted`` bytes per rank cannot fit ``limit`` with ``runtime`` bytes of
+    the runtime's own beside each, or None when it may."""
+    if not predicted or max(predicted) + runtime <= limit:
+        return None
+    worst = max(range(len(predicted)), key=lambda r: predicted[r])
+    return (f"predicted: stage {worst} needs {format_size(predicted[worst])} (parameters, gradients, optimizer "
+            f"state, activations in flight) + {format_size(runtime)} the runtime held in measured trials, over "
+            f"--max-stage-memory {format_size(limit)}: not run")

@@ -21,13 +21,17 @@ from pipeline.candidates import Candidates
 from pipeline.core.plan import SplitPlan, SplitPoint
 from pipeline.core.result import TrialResult, merged
 from pipeline.core.spec import ModelSpec
+from pipeline.orders import schedule_order
 from pipeline.pooling import Pool
 from search.coordination import MEASURED, SAMPLER, measured_trials, repeats_spent, skip_reason, speedup_of, worker_id
-from search.memory import OVER_MEMORY, over_limit
+from search.memory import OVER_MEMORY, over_limit, predicted_over, runtime_bytes
 from search.notes import save_trial_note
+from search.optimum import layout_optimum
+from search.pricing import Price, price, simulated, unpriced_reason
 from search.pruning import PRUNE_STREAK, prune_reason
 from search.racing import band, best_value, study_cv
 from search.sampler import REVISIT
+from search.seeds import forward_starts
 from search.space import PlanPoint, PlanSpace
 
 __all__ = ["Objective", "SearchContext", "TrialFailed", "plan_key", "result_attrs"]
@@ -44,10 +48,6 @@ def plan_key(plan: SplitPlan) -> str:
     if (plan.schedule, plan.stages_per_rank) != ("GPipe", 1):
         key += f"|{plan.schedule}/V{plan.stages_per_rank}"
     return key
-
-
-PRICED = ("GPipe", "1F1B")
-"""Schedules the cost model prices (forward passes, one stage per rank): a plan on another is measured, not pruned."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -107,10 +107,51 @@ class SearchContext:
     def plan_for_cuts(self, cuts: list[int] | tuple[int, ...], chunks: int, layout: int = 0) -> SplitPlan:
         return self.plan(tuple(SplitPoint(self.profile.segments[c].fqn) for c in cuts), chunks, layout)
 
-    def priced(self, p: PlanPoint) -> bool:
-        """Whether the cost model prices the plan's layout: one stage per rank on GPipe or 1F1B."""
+    def order(self, p: PlanPoint) -> tuple[tuple[str, ...], ...] | None:
+        """The action order of the plan's layout at its chunk count: torch's, else one a measured trial of
+        that layout and chunk count recorded (None while neither exists)."""
         lay = self.space.layouts[p.layout]
-        return lay.per_rank == 1 and lay.schedule in PRICED
+        got = schedule_order(lay.schedule, self.stages, lay.per_rank, p.chunks, train=self.mode == "train")
+        if got is not None:
+            return got.actions
+        for t in measured_trials(self.study):
+            a = t.user_attrs
+            if (a.get("schedule"), a.get("stages_per_rank"), a.get("chunks")) == (lay.schedule, lay.per_rank, p.chunks) \
+                    and a.get("actions"):
+                return tuple(tuple(r) for r in a["actions"])
+        return None
+
+    def unpriced(self, p: PlanPoint) -> str | None:
+        """Why the cost model cannot price the plan (None when it can)."""
+        lay = self.space.layouts[p.layout]
+        if simulated(lay, self.mode):
+            return None
+        return unpriced_reason(lay, self.mode, self.profile, self.order(p))
+
+    def priced(self, p: PlanPoint) -> bool:
+        return self.unpriced(p) is None
+
+    def price(self, p: PlanPoint, machine: Machine | None = None) -> Price:
+        """The plan's prediction (``priced`` must hold), by the raw model or a calibrated ``machine``."""
+        lay = self.space.layouts[p.layout]
+        order = None if simulated(lay, self.mode) else self.order(p)
+        return price(self.profile, p.cuts, p.chunks, lay, mode=self.mode, optimizer=self.optimizer, order=order,
+                     machine=machine)
+
+    def schedule_optimum(self, layout: int) -> PlanPoint | None:
+        """The raw model's best plan of a layout it prices by the schedule's action order, under the memory
+        limit (None for a simulated layout, which ``search.seeds`` covers, or where nothing is priced)."""
+        if simulated(self.space.layouts[layout], self.mode):
+            return None
+
+        def score(p: PlanPoint) -> float | None:
+            if not self.priced(p):
+                return None
+            got = self.price(p)
+            limit = self.max_stage_memory
+            return None if limit and predicted_over(got.rank_mem_bytes, 0, limit) else got.speedup
+
+        return layout_optimum(score, self.space, layout, forward_starts(self.profile, self.space, layout))
 
     def calibrated(self) -> Machine | None:
         """The machine model refitted to every measured trial's timeline in the study (a resumed study's
@@ -136,10 +177,12 @@ class SearchContext:
         machine = self.calibrated()
         cache: dict[PlanPoint, float] = self._memo.setdefault("predictions", {})
         if p not in cache:
-            # a layout the model does not price is scored as GPipe over its R x V stages: a ranking within
-            # the layout only (``search.proposals`` scales each layout by its own measured / predicted)
-            schedule = self.space.layouts[p.layout].schedule if self.priced(p) else "GPipe"
-            cache[p] = simulate(self.profile, p.cuts, p.chunks, schedule, machine=machine).speedup
+            # a plan the model cannot price is scored as forward-only GPipe over its R x V stages: a ranking
+            # within its layout only (``search.proposals`` scales each layout by its own measured / predicted)
+            if self.priced(p):
+                cache[p] = self.price(p, machine).speedup
+            else:
+                cache[p] = simulate(self.profile, p.cuts, p.chunks, "GPipe", machine=machine).speedup
         return cache[p]
 
     def predictor(self) -> Callable[[PlanPoint], float]:
@@ -180,20 +223,21 @@ class Objective:
                 trial.set_user_attr("infeasible", str(e))
                 raise optuna.TrialPruned(f"infeasible: {e}") from None
             plan = ctx.plan_for_cuts(point.cuts, point.chunks, point.layout)
-            if ctx.priced(point):
-                prediction = simulate(ctx.profile, point.cuts, point.chunks, plan.schedule)
+            why = ctx.unpriced(point)
+            if why is None:
+                prediction = ctx.price(point)
                 trial.set_user_attr("predicted_speedup", prediction.speedup)
                 trial.set_user_attr("predicted_s", prediction.makespan_s)
                 trial.set_user_attr("predicted_bubble", prediction.bubble_fraction)
+                trial.set_user_attr("predicted_by", prediction.model)
+                trial.set_user_attr("predicted_mem_bytes", list(prediction.rank_mem_bytes))
                 if prediction.ceiling is not None:
                     trial.set_user_attr("predicted_ceiling", prediction.ceiling)
                 machine = ctx.calibrated()
                 if machine is not None:
                     trial.set_user_attr("calibrated_speedup", ctx.calibrated_speedup(point))
             else:
-                trial.set_user_attr("prediction", f"none: the cost model prices forward passes at one stage per rank "
-                                    f"on {' or '.join(PRICED)}, not {plan.schedule} with V = {plan.stages_per_rank}: "
-                                    "measured, not pruned")
+                trial.set_user_attr("prediction", why)
             trial.set_user_attr("stage_blocks", ctx.space.stage_blocks(point))
         trial.set_user_attr("split_points", [p.fqn if p.kind == "BEGINNING" else f"{p.fqn}:END"
                                              for p in plan.split_points])
@@ -208,7 +252,9 @@ class Objective:
                 return (float(t.values[0]), float(t.values[1])) if ctx.memory_objective else float(t.values[0])
         # the sampler marks a revisit in storage while it samples (after this trial object was made)
         revisit = bool(ctx.study._storage.get_trial(trial._trial_id).user_attrs.get(REVISIT))
-        if ctx.prune and source is None and point is not None and not revisit and ctx.priced(point):
+        if ctx.max_stage_memory and prediction is not None:
+            self._maybe_over_memory(trial, prediction.rank_mem_bytes, ctx.max_stage_memory)
+        if ctx.prune and source is None and point is not None and not revisit and prediction is not None:
             self._maybe_prune(trial, point, machine)
         trial.set_user_attr("plan_key", key)
         trial.set_user_attr(MEASURED, True)
@@ -227,7 +273,7 @@ class Objective:
         ctx.results[trial.number] = result
         for k, v in result_attrs(result).items():
             trial.set_user_attr(k, v)
-        if result.ok and result.events and prediction is not None and ctx.profile.machine is not None:
+        if result.ok and result.events and prediction is not None and prediction.stage_s and ctx.profile.machine:
             spans = [[(a, b) for _, a, b in ev] for ev in result.events]
             trial.set_user_attr("calibration_rows",
                                 trial_rows(prediction.stage_s, spans, ctx.profile.machine).to_dict())
@@ -289,6 +335,17 @@ class Objective:
                 return result, False  # not a new best (or the first plan): the base repeats rank it well enough
             limit = base if k < base else cap
             parts.append(ctx.pool.run(plan, repeats=min(step, limit - k), resume=True, **kw))
+
+    def _maybe_over_memory(self, trial: optuna.Trial, predicted: tuple[int, ...], limit: int) -> None:
+        """Do not run a plan (a seed's too) predicted over the memory limit with the least runtime memory
+        that measured trials held beside their prediction."""
+        seen = [(t.user_attrs["peak_mem_bytes"], t.user_attrs["predicted_mem_bytes"]) for t in measured_trials(self.ctx.study)
+                if t.user_attrs.get("peak_mem_bytes") and t.user_attrs.get("predicted_mem_bytes")]
+        why = predicted_over(predicted, runtime_bytes(seen), limit)
+        if why:
+            trial.set_user_attr(OVER_MEMORY, why)
+            save_trial_note(trial, self.ctx.space.names, "predicted over the memory limit", None)
+            raise optuna.TrialPruned(why)
 
     def _maybe_prune(self, trial: optuna.Trial, point: PlanPoint, machine: Machine | None) -> None:
         """Prune by the calibrated model once it can be fitted (the raw one before): the new plan and every

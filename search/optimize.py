@@ -261,8 +261,7 @@ def run_study(cfg: SearchConfig, *, references: bool = False) -> StudyRun:
                             threads=threads, backend=cfg.backend, schedule=space.layouts[0].schedule, device=device,
                             mode=cfg.mode, optimizer=cfg.optimizer,
                             repeats=repeats, repeat_cap=cap, budget_repeats=cfg.budget_repeats,
-                            # the cost model prices forward passes: a training plan it cannot price is measured
-                            trial_timeout_s=cfg.trial_timeout_s, prune=cfg.prune and cfg.mode == "infer",
+                            trial_timeout_s=cfg.trial_timeout_s, prune=cfg.prune,
                             progress=cfg.progress, max_stage_memory=cfg.max_stage_memory, memory_objective=two,
                             artifacts=artifacts, budget=trials, check_first_repeat=check_on_first_repeat(serial_s))
         model_best = [PlanPoint(cuts=p.cuts, chunks=p.chunks, layout=k) for k, lay in enumerate(space.layouts)

@@ -51,12 +51,12 @@ def check_on_first_repeat(serial_s: float) -> bool:
 
 def seed_study(ctx: SearchContext, *, policies: bool = False) -> None:
     """Enqueue PiPPy's plan and the cost model's best two once per study (a resumed study keeps the ones it
-    has), and the model's optimum on each further layout; ``policies`` adds every reference policy
-    (``search.sweep`` reports them all)."""
+    has), and the model's optimum on each layout it prices by its schedule (on each further layout the
+    forward model's); ``policies`` adds every reference policy (``search.sweep`` reports them all)."""
     if ctx.study.user_attrs.get("seeded"):
         return
     first = seeds(ctx.profile, ctx.cands, ctx.stages, list(ctx.space.layout_chunks(0)), policies=policies)
-    for s in first + layout_seeds(ctx.profile, ctx.space):
+    for s in first + layout_seeds(ctx.profile, ctx.space, ctx.schedule_optimum):
         if s.cuts is not None:
             params = ctx.space.encode(ctx.space.from_cuts(s.cuts, s.chunks, s.layout))
             ctx.study.enqueue_trial(params, user_attrs={"source": s.source}, skip_if_exists=True)

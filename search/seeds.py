@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from costmodel.partition import ranked
@@ -10,9 +11,9 @@ from costmodel.types import Profile
 from pipeline.candidates import Candidates
 from pipeline.core.plan import SplitPoint
 from pipeline.core.policies import PIPPY, POLICIES, nearest_boundaries
-from search.space import PlanSpace
+from search.space import PlanPoint, PlanSpace
 
-__all__ = ["Seed", "layout_seeds", "seeds"]
+__all__ = ["Seed", "forward_starts", "layout_seeds", "seeds"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -75,12 +76,25 @@ def seeds(profile: Profile, cands: Candidates, stages: int, chunks: list[int], *
     return list(merged.values())
 
 
-def layout_seeds(profile: Profile, space: PlanSpace) -> list[Seed]:
-    """The cost model's optimum on each layout after the first (which ``seeds`` covers): its best cuts
-    into ranks x V stages at the chunk counts that layout's schedule allows. The model prices forward
-    passes at one stage per rank, so for V > 1 this balances the stages but does not price the schedule."""
+def forward_starts(profile: Profile, space: PlanSpace, layout: int) -> list[PlanPoint]:
+    """The forward model's balanced cuts into ranks x V stages at each of the layout's chunk counts (exact,
+    by ``costmodel.partition``): where a schedule's own optimum is searched from."""
+    lay = space.layouts[layout]
+    return [PlanPoint(cuts=p.cuts, chunks=p.chunks, layout=layout)
+            for p in ranked(profile, space.stages * lay.per_rank, list(space.layout_chunks(layout)))]
+
+
+def layout_seeds(profile: Profile, space: PlanSpace,
+                 optimum: Callable[[int], PlanPoint | None] | None = None) -> list[Seed]:
+    """The cost model's optimum on each layout: ``optimum(layout)`` where the schedule is priced by its own
+    action order (every layout it returns a plan for, the first too; none where every plan is predicted
+    over the memory limit), else, on the layouts after the first (which ``seeds`` covers), the forward
+    model's best cuts into ranks x V stages (balanced stages, the schedule not priced)."""
     out = []
-    for k, lay in enumerate(space.layouts[1:], 1):
-        best = ranked(profile, space.stages * lay.per_rank, list(space.layout_chunks(k)))[0]
-        out.append(Seed(source=f"costmodel-optimum@{lay.label}", chunks=best.chunks, cuts=best.cuts, layout=k))
+    for k, lay in enumerate(space.layouts):
+        best = optimum(k) if optimum is not None else None
+        if best is None and k:
+            best = forward_starts(profile, space, k)[0]
+        if best is not None:
+            out.append(Seed(source=f"costmodel-optimum@{lay.label}", chunks=best.chunks, cuts=best.cuts, layout=k))
     return out

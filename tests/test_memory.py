@@ -6,7 +6,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from pipeline.core.errors import PipesplitError
-from search.memory import constraint, over_limit, parse_size
+from search.memory import constraint, over_limit, parse_size, predicted_over, runtime_bytes
 
 
 @pytest.mark.parametrize("text, size", [("4GiB", 4 * 2**30), ("512 MiB", 512 * 2**20), ("1.5GB", 1_500_000_000),
@@ -35,3 +35,17 @@ def test_optuna_sees_the_excess_in_mib_as_the_constraint():
     t = optuna.trial.create_trial(value=1.0, user_attrs={"peak_mem_bytes": [300 * 2**20, 100 * 2**20]})
     assert constraint(t, 256 * 2**20) == (44.0,)
     assert constraint(optuna.trial.create_trial(value=1.0), 2**20) == ()
+
+
+def test_the_runtime_beside_a_prediction_is_the_least_gap_measured_and_never_negative():
+    assert runtime_bytes([]) == 0
+    assert runtime_bytes([([500, 600], [100, 150]), ([450, 480], [90, 60])]) == 360
+    assert runtime_bytes([([100], [150])]) == 0  # a model that overpredicts adds nothing
+
+
+@given(st.lists(st.integers(0, 2**34), min_size=1, max_size=8), st.integers(0, 2**32), st.integers(1, 2**35))
+def test_a_plan_is_ruled_out_before_a_run_only_when_its_prediction_is_over(predicted, runtime, limit):
+    why = predicted_over(predicted, runtime, limit)
+    assert (why is not None) == (max(predicted) + runtime > limit)
+    if why:
+        assert why.startswith(f"predicted: stage {predicted.index(max(predicted))} needs") and "not run" in why
