@@ -65,7 +65,7 @@ class SearchConfig:
     device: str = "cpu"
     threads_per_stage: int | None = None
     mode: str = "infer"
-    """``train`` measures whole training steps; the cost model prices forward passes only, so it prunes none."""
+    """``train`` measures whole training steps, priced by replaying each schedule's action order."""
     optimizer: str = "adamw"
     max_stage_memory: int | None = None
     objectives: tuple[str, ...] = ("speedup",)

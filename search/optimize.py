@@ -92,8 +92,8 @@ def build_parser(prog: str, description: str, epilog: str, *, sweep: bool = Fals
                    help="measure every plan the sampler proposes (default: the cost model may skip a plan it predicts "
                    "clearly behind, at most 3 in a row)")
     s.add_argument("--max-stage-memory", default=None, metavar="SIZE",
-                   help="largest peak memory a stage may use (4GiB, 512MiB): a measured plan over it is infeasible "
-                   "(kept with its figures, never declared best)")
+                   help="largest peak memory a stage may use (4GiB, 512MiB): a plan predicted over it is not run, "
+                   "a measured plan over it is infeasible (kept with its figures, never declared best)")
     s.add_argument("--objectives", default=None, metavar="speedup[,memory]",
                    help="speedup (default), or speedup,memory: a two-objective study (speedup up, the largest "
                    "stage's peak memory down; no racing, one value per trial); the summary lists the Pareto front")
