@@ -36,3 +36,10 @@ class Masked(nn.Module):
 
 def masked(vocab: int = 50, width: int = 16, depth: int = 4):
     return Masked(vocab, width, depth), (torch.randint(0, vocab, (8, 6)), torch.ones(8, 6, dtype=torch.bool))
+
+
+def wide(width: int = 1024, depth: int = 4, batch: int = 256):
+    """Wide enough that what a training step keeps (gradients, saved activations) stands well above the
+    allocator's noise in a process's resident size, small enough to step in a fraction of a second."""
+    layers = nn.Sequential(*[nn.Sequential(nn.Linear(width, width), nn.ReLU()) for _ in range(depth)])
+    return nn.Sequential(layers, nn.Linear(width, 8)), torch.randn(batch, width)
