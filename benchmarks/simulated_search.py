@@ -214,8 +214,8 @@ def ours_trace(world: World, profile: Profile, cands: Any, spec: Any, space: Pla
     import optuna
 
     from costmodel.partition import ranked as model_ranked
+    from search.context import SearchContext
     from search.coordination import measured_trials
-    from search.objective import SearchContext
     from search.racing import RacingPruner
     from search.runner import run_loop, seed_study
     from search.sampler import PlanSampler

@@ -131,7 +131,10 @@ def profile_model(spec: ModelSpec, *, device: str = "cpu", threads: int = 1, gra
                 input_grad_s={m: first.backward_s[m][k][1] for m in first.backward_s},
                 weight_grad_s={m: first.backward_s[m][k][2] for m in first.backward_s},
                 optimizer_s=first.optimizer_s[k] if first.optimizer_s else None,
-                saved_bytes=int(first.saved_bytes[k]) if first.saved_bytes else 0)
+                saved_bytes=int(first.saved_bytes[k]) if first.saved_bytes else 0,
+                saved_input_bytes=int(first.saved_input_bytes[k]) if first.saved_input_bytes else 0,
+                saved_output_bytes=int(first.saved_output_bytes[k]) if first.saved_output_bytes else 0,
+                largest_param_bytes=int(first.largest_param_bytes[k]) if first.largest_param_bytes else 0)
         for k in range(n)
     )
     from pipeline.export import provenance

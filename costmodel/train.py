@@ -11,7 +11,9 @@ once). The serial step is every segment's forward, backward and optimizer step o
 Memory per stage: parameters, their gradients and the optimizer's state (AdamW two copies, SGD with
 momentum one), plus the activations its forwards keep until their backward frees them, at the most
 microbatches the action order ever holds in flight on that stage (GPipe all of them, 1F1B about one
-per stage still to drain).
+per stage still to drain). Per rank, what a step adds walks the rank's own actions with the bytes each
+holds, transients included (``costmodel.footprint``); the rank's prediction is that on top of its
+parameters and optimizer state.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from costmodel.footprint import step_memory
 from costmodel.replay import StageTimes, parse_action, replay
 from costmodel.types import Machine, Profile, Segment, interpolate
 
@@ -83,10 +86,11 @@ class TrainPrediction:
     stage_mem_bytes: tuple[int, ...]
     """Per stage: parameters + gradients + optimizer state + activations in flight."""
     rank_mem_bytes: tuple[int, ...]
-    """Per rank: the sum over the stages it holds."""
+    """Per rank: its stages' parameters and optimizer state, plus the most a step adds (``rank_step_bytes``)."""
     rank_step_bytes: tuple[int, ...] = ()
-    """Per rank: what a step adds to the memory held as it starts: gradients (freed by ``zero_grad`` between
-    steps) and activations in flight; what a trial measures as its peak less its base."""
+    """Per rank: the most a step adds to the memory held as it starts: gradients (freed by ``zero_grad``
+    between steps), activations in flight and the backward's and optimizer's temporaries
+    (``costmodel.footprint``); what a trial measures as its peak less its base."""
 
     @property
     def speedup(self) -> float:
@@ -121,16 +125,17 @@ def predict_train(profile: Profile, cuts: Sequence[int], chunks: int, actions: S
     serial = sum(s.latency(n) + (interpolate(s.backward_s, n) + (s.optimizer_s or 0.0) if train else 0.0)
                  for s in segs)
     flight = in_flight(actions) if train else {}
-    m = n // chunks
+    bounds = _bounds(cuts, len(segs))
+    mem = step_memory(profile, bounds, chunks, actions) if train else None
     states = 1 + OPTIMIZER_STATES.get(optimizer, 2) if train else 0  # gradients + the optimizer's copies
-    stage_mem, stage_step = [], []
-    for k, (lo, hi) in enumerate(_bounds(cuts, len(segs))):
-        params = sum(s.param_bytes for s in segs[lo:hi])
-        acts = sum(s.saved_bytes for s in segs[lo:hi]) * m * flight.get(k, 0)
-        stage_mem.append(int(params * (1 + states) + acts))
-        stage_step.append(int(params + acts) if train else 0)
-    rank_mem = [sum(stage_mem[s] for s, rr in rank_of.items() if rr == r) for r in range(busy)]
-    rank_step = [sum(stage_step[s] for s, rr in rank_of.items() if rr == r) for r in range(busy)]
+    stage_mem = [int(sum(s.param_bytes for s in segs[lo:hi]) * (1 + states)
+                     + (mem.stage_activation_bytes[k] * flight.get(k, 0) if mem else 0))
+                 for k, (lo, hi) in enumerate(bounds)]
+    rank_step = list(mem.rank_step_bytes) if mem else [0] * busy
+    copies = 1 + OPTIMIZER_STATES.get(optimizer, 2) if train else 1  # what stays between steps
+    held = [sum(s.param_bytes for k, (lo, hi) in enumerate(bounds) if rank_of.get(k) == r for s in segs[lo:hi])
+            * copies for r in range(busy)]
+    rank_mem = [h + st for h, st in zip(held, rank_step)]
     makespan = max(step_end)
     return TrainPrediction(makespan_s=makespan, serial_s=serial,
                            bubble_fraction=1 - sum(run.busy) / (busy * run.makespan) if run.makespan > 0 else 0.0,

@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-PROFILE_VERSION = 3
+PROFILE_VERSION = 4
 """3: segments timed alone plus a machine model (2: small microbatch sizes timed over a whole batch of
 samples); older profiles are measured again."""
 
@@ -37,6 +37,14 @@ class Segment:
 
     saved_bytes: int = 0
     """Training profiles: bytes per sample its forward keeps for the backward (autograd's saved tensors)."""
+    saved_input_bytes: int = 0
+    """Training profiles: of ``saved_bytes``, those of the segment's own input (held once with the previous
+    segment's saved output when both are on one stage)."""
+    saved_output_bytes: int = 0
+    """Training profiles: of ``saved_bytes``, those of the segment's own output."""
+    largest_param_bytes: int = 0
+    """Its largest parameter: a backward's new gradient of it lives beside the accumulated one for a moment,
+    and so does an optimizer's update of it on CPU (torch steps one parameter at a time there)."""
 
     def latency(self, m: int) -> float:
         """Seconds at microbatch size ``m``; between measured sizes, per-sample time is interpolated."""
@@ -185,7 +193,9 @@ class Profile:
                     input_grad_s={int(k): float(v) for k, v in (s.get("input_grad_s") or {}).items()},
                     weight_grad_s={int(k): float(v) for k, v in (s.get("weight_grad_s") or {}).items()},
                     optimizer_s=None if s.get("optimizer_s") is None else float(s["optimizer_s"]),
-                    saved_bytes=int(s.get("saved_bytes", 0)))
+                    saved_bytes=int(s.get("saved_bytes", 0)), saved_input_bytes=int(s.get("saved_input_bytes", 0)),
+                    saved_output_bytes=int(s.get("saved_output_bytes", 0)),
+                    largest_param_bytes=int(s.get("largest_param_bytes", 0)))
             for s in d["segments"]
         )
         link = d["link"]

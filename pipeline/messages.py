@@ -121,6 +121,12 @@ class SegmentReply:
     """Training profiles: each segment's optimizer step (AdamW over its parameters), median seconds."""
     saved_bytes: tuple[int, ...] = ()
     """Training profiles: bytes per sample each segment's forward keeps for its backward."""
+    saved_input_bytes: tuple[int, ...] = ()
+    """Training profiles: of those, the bytes per sample that are the segment's own input."""
+    saved_output_bytes: tuple[int, ...] = ()
+    """Training profiles: of those, the bytes per sample that are the segment's own output."""
+    largest_param_bytes: tuple[int, ...] = ()
+    """Each segment's largest parameter (the gradient a backward adds to before freeing its own)."""
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -13,11 +13,13 @@ import copy
 import statistics
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch import fx, nn
+from torch.utils._pytree import tree_leaves
 
 from pipeline.batch import Batch, example_input, rows
 from pipeline.candidates import Candidates, find_candidates
@@ -156,7 +158,17 @@ def _backward_times(mod: nn.Module, inputs: tuple[Any, ...], repeats: int,
     return (statistics.median(whole[1:]), statistics.median(first[1:]), statistics.median(second[1:]))
 
 
-def _saved_bytes(mod: nn.Module, inputs: tuple[Any, ...]) -> int:
+@dataclass(frozen=True, kw_only=True)
+class SavedBytes:
+    """What a segment's forward keeps for its backward, and how much of it is its own input or output: a
+    stage of several segments holds a tensor that one saves as output and the next as input only once."""
+
+    total: int
+    inputs: int
+    outputs: int
+
+
+def _saved_bytes(mod: nn.Module, inputs: tuple[Any, ...]) -> SavedBytes:
     """Bytes a segment's forward keeps for its backward (autograd's saved tensors, parameters and shared
     storage counted once, parameters not at all): its activation memory per microbatch in flight."""
     params = {q.untyped_storage().data_ptr() for q in mod.parameters()}
@@ -172,8 +184,11 @@ def _saved_bytes(mod: nn.Module, inputs: tuple[Any, ...]) -> int:
                 for t in inputs)
     with torch.enable_grad(), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         out = mod(*ins)
+    in_ptrs = {t.untyped_storage().data_ptr() for t in tree_leaves(ins) if isinstance(t, torch.Tensor)}
+    out_ptrs = {t.untyped_storage().data_ptr() for t in tree_leaves(out) if isinstance(t, torch.Tensor)}
     del out
-    return sum(seen.values())
+    return SavedBytes(total=sum(seen.values()), inputs=sum(b for p, b in seen.items() if p in in_ptrs),
+                      outputs=sum(b for p, b in seen.items() if p in out_ptrs))
 
 
 def _optimizer_time(mod: nn.Module, repeats: int, sync: Callable[[], None]) -> float:
@@ -211,7 +226,8 @@ def time_segments(spec: ModelSpec, *, granularity: str, micro: Sequence[int], re
     params: tuple[int, ...] = ()
     bwd: dict[int, tuple[tuple[float, float, float], ...]] = {}
     opt: tuple[float, ...] = ()
-    saved: tuple[int, ...] = ()
+    saved: list[SavedBytes] = []
+    largest: tuple[int, ...] = ()
     for m in micro:
         gm = trace_all_cuts(model, cands, rows(x_all, m))
         runner = SegmentRunner(gm, sync)
@@ -234,13 +250,19 @@ def time_segments(spec: ModelSpec, *, granularity: str, micro: Sequence[int], re
             if not opt:
                 opt = tuple(_optimizer_time(mods[t], max(1, repeats), sync) for t in names)
             if m == max(micro):  # per sample, from the largest microbatch (the least rounding)
-                saved = tuple(_saved_bytes(mods[t], runner.inputs[t]) // m for t in names)
+                saved = [_saved_bytes(mods[t], runner.inputs[t]) for t in names]
         if count and not params:
             cross = tuple(b // m for b in crossing_bytes(gm, runner.values, n))
             params = tuple(sum(p.numel() * p.element_size() for p in mods[t].parameters())
                            + sum(b.numel() * b.element_size() for b in mods[t].buffers()) for t in names)
+            largest = tuple(max((p.numel() * p.element_size() for p in mods[t].parameters()), default=0)
+                            for t in names)
+    top = max(micro)
     return SegmentReply(rank=rank, blocks=cands.blocks, latency_s=lat, spread=spread, cross_bytes=cross,
-                        param_bytes=params, backward_s=bwd, optimizer_s=opt, saved_bytes=saved)
+                        param_bytes=params, backward_s=bwd, optimizer_s=opt,
+                        saved_bytes=tuple(v.total // top for v in saved),
+                        saved_input_bytes=tuple(v.inputs // top for v in saved),
+                        saved_output_bytes=tuple(v.outputs // top for v in saved), largest_param_bytes=largest)
 
 
 def ping_pong(rank: int, device: torch.device, sizes: Sequence[int], repeats: int,

@@ -12,9 +12,9 @@ from pipeline.core.atomic import write_json, write_text, write_with
 from pipeline.core.plan import SplitPlan
 from pipeline.export import provenance
 from search.confirm import Confirmation
+from search.context import SearchContext
 from search.coordination import MEASURED, SAMPLER, is_seed, speedup_of, timed_share
 from search.memory import OVER_MEMORY, format_size
-from search.objective import SearchContext
 
 
 def _fmt(x: Any, spec: str = ".2f") -> str:

@@ -1,201 +1,35 @@
 """One search trial: decode the proposal into a plan, predict it, prune it or race it, record it.
 
-``SearchContext`` is what every trial of one study shares (the study, the pool, the profile, the
-settings); ``Objective`` is the callable Optuna runs, one trial at a time.
+``Objective`` is the callable Optuna runs, one trial at a time, over the ``SearchContext``
+(``search.context``) that every trial of one study shares.
 """
 
 from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 import optuna
 
-from costmodel.calibrate import TrialRows, fit, trial_rows
-from costmodel.simulate import simulate
-from costmodel.types import Machine, Profile
-from pipeline.candidates import Candidates
-from pipeline.core.plan import SplitPlan, SplitPoint
+from costmodel.calibrate import trial_rows
+from costmodel.types import Machine
+from pipeline.core.plan import SplitPlan
 from pipeline.core.result import TrialResult, merged
-from pipeline.core.spec import ModelSpec
-from pipeline.orders import schedule_order
-from pipeline.pooling import Pool
-from search.coordination import MEASURED, SAMPLER, measured_trials, repeats_spent, skip_reason, speedup_of, worker_id
+from search.context import SearchContext, plan_key
+from search.coordination import MEASURED, SAMPLER, measured_trials, skip_reason, speedup_of, worker_id
 from search.memory import OVER_MEMORY, over_limit, predicted_over, runtime_bytes
 from search.notes import save_trial_note
-from search.optimum import layout_optimum
-from search.pricing import Price, price, simulated, unpriced_reason
 from search.pruning import PRUNE_STREAK, prune_reason
 from search.racing import band, best_value, study_cv
 from search.sampler import REVISIT
-from search.seeds import forward_starts
-from search.space import PlanPoint, PlanSpace
+from search.space import PlanPoint
 
-__all__ = ["Objective", "SearchContext", "TrialFailed", "plan_key", "result_attrs"]
+__all__ = ["Objective", "TrialFailed", "result_attrs"]
 
 
 class TrialFailed(Exception):
     """A real trial that did not produce a speedup (its reason is in the trial's user attributes)."""
-
-
-def plan_key(plan: SplitPlan) -> str:
-    """One string per distinct plan (cuts, chunks, and the schedule and V where not GPipe's one stage per
-    rank), to find a plan measured before."""
-    key = f"{[(p.fqn, p.kind) for p in plan.split_points]}|{plan.chunks}"
-    if (plan.schedule, plan.stages_per_rank) != ("GPipe", 1):
-        key += f"|{plan.schedule}/V{plan.stages_per_rank}"
-    return key
-
-
-@dataclass(frozen=True, kw_only=True)
-class SearchContext:
-    """What every trial of one study shares."""
-
-    study: optuna.Study
-    pool: Pool
-    profile: Profile
-    cands: Candidates
-    spec: ModelSpec
-    space: PlanSpace
-    threads: int
-    backend: str
-    schedule: str
-    device: str
-    mode: str = "infer"
-    optimizer: str = "adamw"
-    repeats: int
-    """Base repeats per trial: a plan that is neither behind nor a contender stops here."""
-    trial_timeout_s: float
-    repeat_cap: int | None = None
-    """Most repeats a contender earns (None: racing off, every plan gets ``repeats``)."""
-    budget_repeats: int | None = None
-    """The study's total of timed pipeline repeats over its measured trials (None: no limit)."""
-    prune: bool = True
-    check_first_repeat: bool = False
-    """Check the output on the first timed repeat rather than in a run of its own (``check_on_first_repeat``)."""
-    progress: bool = True
-    memory_objective: bool = False
-    """``--objectives speedup,memory``: each trial's values are (speedup, its largest stage's peak MiB)."""
-    max_stage_memory: int | None = None
-    """Bytes a stage may peak at (``--max-stage-memory``): a measured trial over it is infeasible."""
-    artifacts: Any = None
-    """An Optuna artifact store: every measured trial's timeline PNG is uploaded to it (dashboard shows it)."""
-    budget: int | None = None
-    """The study's total of measured trials, shared by every worker on it."""
-    results: dict[int, TrialResult] = field(default_factory=dict)
-    """This worker's measured results by trial number (the study keeps their figures as user attributes)."""
-    _memo: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
-    """The calibration fitted at a count of measured trials and its predictions (shared by ``replace``)."""
-
-    @property
-    def stages(self) -> int:
-        return self.space.stages
-
-    @property
-    def chunks(self) -> tuple[int, ...]:
-        return self.space.chunks
-
-    def plan(self, points: tuple[SplitPoint, ...], chunks: int, layout: int = 0) -> SplitPlan:
-        lay = self.space.layouts[layout]
-        return SplitPlan(model=self.spec, split_points=points, chunks=chunks, backend=self.backend,
-                         schedule=lay.schedule, stages_per_rank=lay.per_rank, device=self.device,
-                         threads_per_stage=self.threads, mode=self.mode, optimizer=self.optimizer)
-
-    def plan_for_cuts(self, cuts: list[int] | tuple[int, ...], chunks: int, layout: int = 0) -> SplitPlan:
-        return self.plan(tuple(SplitPoint(self.profile.segments[c].fqn) for c in cuts), chunks, layout)
-
-    def order(self, p: PlanPoint) -> tuple[tuple[str, ...], ...] | None:
-        """The action order of the plan's layout at its chunk count: torch's, else one a measured trial of
-        that layout and chunk count recorded (None while neither exists)."""
-        lay = self.space.layouts[p.layout]
-        got = schedule_order(lay.schedule, self.stages, lay.per_rank, p.chunks, train=self.mode == "train")
-        if got is not None:
-            return got.actions
-        for t in measured_trials(self.study):
-            a = t.user_attrs
-            if (a.get("schedule"), a.get("stages_per_rank"), a.get("chunks")) == (lay.schedule, lay.per_rank, p.chunks) \
-                    and a.get("actions"):
-                return tuple(tuple(r) for r in a["actions"])
-        return None
-
-    def unpriced(self, p: PlanPoint) -> str | None:
-        """Why the cost model cannot price the plan (None when it can)."""
-        lay = self.space.layouts[p.layout]
-        if simulated(lay, self.mode):
-            return None
-        return unpriced_reason(lay, self.mode, self.profile, self.order(p))
-
-    def priced(self, p: PlanPoint) -> bool:
-        return self.unpriced(p) is None
-
-    def price(self, p: PlanPoint, machine: Machine | None = None) -> Price:
-        """The plan's prediction (``priced`` must hold), by the raw model or a calibrated ``machine``."""
-        lay = self.space.layouts[p.layout]
-        order = None if simulated(lay, self.mode) else self.order(p)
-        return price(self.profile, p.cuts, p.chunks, lay, mode=self.mode, optimizer=self.optimizer, order=order,
-                     machine=machine)
-
-    def schedule_optimum(self, layout: int) -> PlanPoint | None:
-        """The raw model's best plan of a layout it prices by the schedule's action order, under the memory
-        limit (None for a simulated layout, which ``search.seeds`` covers, or where nothing is priced)."""
-        if simulated(self.space.layouts[layout], self.mode):
-            return None
-
-        def score(p: PlanPoint) -> float | None:
-            if not self.priced(p):
-                return None
-            got = self.price(p)
-            limit = self.max_stage_memory
-            return None if limit and predicted_over(got.rank_mem_bytes, 0, limit) else got.speedup
-
-        return layout_optimum(score, self.space, layout, forward_starts(self.profile, self.space, layout))
-
-    def calibrated(self) -> Machine | None:
-        """The machine model refitted to every measured trial's timeline in the study (a resumed study's
-        too), or None while there are fewer trials than factors or no machine model; fitted once per
-        count of measured trials (the calibration changes only when a trial is measured)."""
-        if self.profile.machine is None:
-            return None
-        done = measured_trials(self.study)
-        if self._memo.get("fit_at") != len(done):
-            rows = [TrialRows.from_dict(t.user_attrs["calibration_rows"]) for t in done
-                    if t.user_attrs.get("calibration_rows")]
-            try:
-                machine = fit(rows).apply(self.profile.machine) if rows else None
-            except ValueError:
-                machine = None
-            self._memo.update(fit_at=len(done), machine=machine, predictions={})
-        out: Machine | None = self._memo["machine"]
-        return out
-
-    def calibrated_speedup(self, p: PlanPoint) -> float:
-        """The calibrated model's speedup of a plan (the raw model's while none can be fitted), cached
-        with the calibration: what the sampler scores and the pruning rule compares."""
-        machine = self.calibrated()
-        cache: dict[PlanPoint, float] = self._memo.setdefault("predictions", {})
-        if p not in cache:
-            # a plan the model cannot price is scored as forward-only GPipe over its R x V stages: a ranking
-            # within its layout only (``search.proposals`` scales each layout by its own measured / predicted)
-            if self.priced(p):
-                cache[p] = self.price(p, machine).speedup
-            else:
-                cache[p] = simulate(self.profile, p.cuts, p.chunks, "GPipe", machine=machine).speedup
-        return cache[p]
-
-    def predictor(self) -> Callable[[PlanPoint], float]:
-        return self.calibrated_speedup
-
-    def best_measured(self) -> optuna.trial.FrozenTrial | None:
-        ok = [t for t in measured_trials(self.study) if t.state == optuna.trial.TrialState.COMPLETE]
-        return max(ok, key=lambda t: float(speedup_of(t) or 0.0)) if ok else None
-
-    def repeats_left(self) -> int | None:
-        if self.budget_repeats is None:
-            return None
-        return self.budget_repeats - repeats_spent(self.study)
 
 
 class Objective:

@@ -23,8 +23,8 @@ from pipeline.core.errors import PipesplitError
 from pipeline.core.plan import SplitPlan, choose_chunks
 from search.config import DEFAULT_CHUNKS, DEFAULT_STORAGE, SearchConfig, default_study_name
 from search.confirm import Confirmation
+from search.context import SearchContext
 from search.coordination import others_running
-from search.objective import SearchContext
 
 SPACE_VERSION = 2  # cuts as module names, proposed in order by search.sampler (1: integer cut_i + a constraint)
 EXAMPLES = """\

@@ -39,6 +39,13 @@ class PolicyRow:
     """Per stage, peak memory of its trial's timed runs (MiB)."""
     schedule: str = "GPipe"
     """The plan's schedule, ``/V<v>`` where it holds several stages per rank."""
+    predicted_mib: tuple[int, ...] = ()
+    """Per stage, the predicted peak (MiB): parameters, optimizer state and the step's walk (training) or
+    parameters (forward), plus the least the study's measured trials held beyond their prediction."""
+    predicted_s: float | None = None
+    """The cost model's pipeline step seconds (None where it cannot price the plan)."""
+    measured_s: float | None = None
+    """The trial's measured pipeline step seconds (median of its repeats)."""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -46,7 +53,7 @@ class PolicyRow:
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> PolicyRow:
         d = dict(d)
-        for k in ("split_points", "stage_ranges", "compute_s", "send_s", "spread", "peak_mib"):
+        for k in ("split_points", "stage_ranges", "compute_s", "send_s", "spread", "peak_mib", "predicted_mib"):
             d[k] = tuple(d.get(k) or ())
         return cls(**d)
 
@@ -133,15 +140,22 @@ def _sort_key(row: PolicyRow) -> tuple[bool, int, int]:
     return (not row.best, POLICY_ORDER.index(first) if first in POLICY_ORDER else len(POLICY_ORDER), row.trial)
 
 
+def _pair(predicted: str, measured: str) -> str:
+    return f"{predicted} / {measured}" if predicted != "-" or measured != "-" else "-"
+
+
 def table(rows: list[PolicyRow]) -> str:
-    out = ["| policy | stages (block ranges) | chunks | schedule | predicted | measured | spread | peak MiB per stage |",
-           "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    out = ["| policy | stages (block ranges) | chunks | schedule | predicted | measured | spread "
+           "| step s predicted / measured | peak MiB per stage predicted / measured |",
+           "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in sorted(rows, key=_sort_key):
         name = f"**best** ({r.source})" if r.best else r.source
         ranges = " \\| ".join(f"`{x}`" for x in r.stage_ranges)
         measured = f"failed: {r.failed[:80]}" if r.failed else _fmt(r.measured)
+        step = _pair(_fmt(r.predicted_s), _fmt(r.measured_s))
+        mem = _pair(", ".join(map(str, r.predicted_mib)) or "-", ", ".join(map(str, r.peak_mib)) or "-")
         out.append(f"| {name} | {ranges} | {r.chunks} | {r.schedule} | {_fmt(r.predicted)} | {measured} "
-                   f"| {_fmt(r.spread[0])}-{_fmt(r.spread[1])} | {', '.join(map(str, r.peak_mib)) or '-'} |")
+                   f"| {_fmt(r.spread[0])}-{_fmt(r.spread[1])} | {step} | {mem} |")
     return "\n".join(out)
 
 
@@ -153,8 +167,11 @@ def markdown(title: str, rows: list[PolicyRow], *, plots: dict[str, str], meta: 
                  f"{meta.get('threads')}; measured {meta.get('date', '')}.")
     lines.append("Speedup = serial model on one stage's threads / pipeline, median of the confirmation round "
                  "(every plan of a stage count re-measured in the same interleaved rounds); spread = min-max; "
-                 "predicted = cost model (`-` for PiPPy's mid-block cut, which the block profile cannot price). "
-                 "The ideal is S-fold.")
+                 "predicted = cost model (`-` for PiPPy's mid-block cut, which the block profile cannot price); "
+                 "step s = one pipeline step (the trial's median), predicted beside measured; predicted peak memory "
+                 "= what the cost model expects a stage to hold (parameters, and in training gradients, optimizer "
+                 "state, activations in flight and temporaries) + the least the study's measured trials held "
+                 "beyond their prediction (the runtime's own). The ideal is S-fold.")
     lines.append("")
     for s in counts:
         rs = [r for r in rows if r.stages == s]

@@ -13,8 +13,9 @@ import time
 
 import optuna
 
+from search.context import SearchContext
 from search.coordination import claims, fail_stale, is_seed, measured_trials, repeats_spent, speedup_of, timed_share
-from search.objective import Objective, SearchContext, TrialFailed
+from search.objective import Objective, TrialFailed
 from search.seeds import layout_seeds, seeds
 
 __all__ = ["IDLE_LIMIT", "run_loop", "seed_count", "seed_study", "trial_repeats"]

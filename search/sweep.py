@@ -115,12 +115,25 @@ def _run(args: argparse.Namespace) -> int:
     return 130 if interrupted else 0
 
 
-def _memory_and_schedule(attrs: dict[str, Any]) -> dict[str, Any]:
-    """A trial's peak MiB per stage and its schedule label, as a report row carries them."""
+def _memory_and_schedule(attrs: dict[str, Any], runtime: int) -> dict[str, Any]:
+    """A trial's peak MiB per stage, its predicted one (with ``runtime`` bytes of the runtime's own), its
+    predicted and measured step seconds and its schedule label, as a report row carries them."""
     from search.export import layout_label
 
+    predicted = attrs.get("predicted_mem_bytes") or ()
     return {"peak_mib": tuple(round(b / 2**20) for b in attrs.get("peak_mem_bytes") or ()),
+            "predicted_mib": tuple(round((b + runtime) / 2**20) for b in predicted),
+            "predicted_s": attrs.get("predicted_s"), "measured_s": attrs.get("measured_s"),
             "schedule": layout_label(attrs.get("plan") or {})}
+
+
+def study_runtime_bytes(study: Any) -> int:
+    """What the study's measured trials held beyond their memory prediction, at least (``search.memory``)."""
+    from search.memory import runtime_bytes
+
+    return runtime_bytes([(t.user_attrs["peak_mem_bytes"], t.user_attrs["predicted_mem_bytes"])
+                          for t in study.get_trials(deepcopy=False)
+                          if t.user_attrs.get("peak_mem_bytes") and t.user_attrs.get("predicted_mem_bytes")])
 
 
 def rows_for(stages: int, study: Any) -> list[Any]:
@@ -135,6 +148,7 @@ def rows_for(stages: int, study: Any) -> list[Any]:
     conf = Confirmation.of(study)
     plans = conf.plans if conf else ()
     segments = list(study.user_attrs.get("segments") or [])
+    runtime = study_runtime_bytes(study)
     out = []
     for r in plans:
         detail = r.detail or {}
@@ -146,7 +160,7 @@ def rows_for(stages: int, study: Any) -> list[Any]:
                              split_points=tuple(pts), stage_ranges=tuple(stage_ranges(pts, segments)),
                              chunks=r.chunks, predicted=r.predicted_speedup, measured=r.median, spread=r.spread,
                              compute_s=compute, send_s=send, serial_s=float(detail.get("serial_s", float("nan"))),
-                             **_memory_and_schedule(study.trials[r.trial].user_attrs)))
+                             **_memory_and_schedule(study.trials[r.trial].user_attrs, runtime)))
     confirmed = {r.trial for r in plans}
     for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.FAIL,)):
         if not is_seed(t) or not t.user_attrs.get("fail_reason") or t.number in confirmed:

@@ -1,17 +1,11 @@
-"""Pieces of a search trial that need no study: the plan key and a result's trial attributes."""
+"""Pieces of a search trial that need no study: a result's trial attributes."""
 
 from pipeline.core.plan import SplitPlan, SplitPoint
 from pipeline.core.result import TrialResult
 from pipeline.core.spec import ModelSpec
-from search.objective import plan_key, result_attrs
+from search.objective import result_attrs
 
 SPEC = ModelSpec(name="m", batch_size=4)
-
-
-def test_plans_differing_only_in_chunks_have_different_keys():
-    a = SplitPlan(model=SPEC, split_points=(SplitPoint("b.1"),), chunks=2)
-    b = SplitPlan(model=SPEC, split_points=(SplitPoint("b.1"),), chunks=4)
-    assert plan_key(a) != plan_key(b) and plan_key(a) == plan_key(SplitPlan.from_dict(a.to_dict()))
 
 
 def test_trial_attributes_are_a_subset_of_the_result_shape():

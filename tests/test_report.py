@@ -53,3 +53,14 @@ def test_table_lists_every_row_best_first_and_markdown_links_plots():
     assert "The best plan is PiPPy's equal-size split: 1.50x, 75% of the ideal." in solo
     assert PolicyRow.from_dict(rows[0].to_dict()) == rows[0]
     assert rows[2].policies == ["costmodel-optimum", "time-balanced"]
+
+
+def test_each_row_puts_the_predicted_step_and_peak_per_stage_beside_the_measured():
+    rows = [row(predicted_s=0.5, measured_s=0.61, predicted_mib=(1100, 1050), peak_mib=(1120, 1040)),
+            row(source="pippy-equal-size", trial=0, predicted=None, peak_mib=(900, 800))]
+    lines = table(rows).splitlines()
+    assert "step s predicted / measured" in lines[0] and "peak MiB per stage predicted / measured" in lines[0]
+    uniform, pippy = (next(x for x in lines if x.startswith(f"| {n}")) for n in ("uniform", "pippy-equal-size"))
+    assert uniform.endswith("| 0.50 / 0.61 | 1100, 1050 / 1120, 1040 |")
+    assert pippy.endswith("| - | - / 900, 800 |")  # nothing predicted: the measured figures alone
+    assert PolicyRow.from_dict(rows[0].to_dict()) == rows[0]

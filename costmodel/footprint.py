@@ -1,0 +1,90 @@
+"""What a training step adds to each rank's memory, pure: the action order walked with the bytes each action holds.
+
+A rank holds, as a step starts, its stages' parameters and the optimizer's state (and nothing of the
+step: ``zero_grad`` freed the gradients). Walking its actions in order:
+
+- a forward ``sFm`` keeps stage s's activations of microbatch m until the backward that frees them (``B``,
+  or ``W`` where the schedule splits it): the bytes its segments save for backward, a tensor that one
+  segment saves as output and the next as input counted once, and on a stage before the last its output
+  (torch's stage keeps it for the backward); not its input (the batch, or a receive buffer torch
+  allocates per microbatch once, before the step);
+- a backward adds the stage's gradients the first time (they stay until the step ends) and, after that,
+  for a moment the new gradient of its largest parameter beside the accumulated one; on a stage after
+  the first, the gradient of its input it sends back;
+- the optimizer step, after the last backward, holds every gradient and the update's temporaries: two of
+  the largest parameter on CPU (torch steps one parameter at a time there), a copy of all the rank's
+  parameters on CUDA (torch's foreach step).
+
+The step's peak is the most any point of that walk holds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from costmodel.replay import parse_action
+from costmodel.types import Profile, Segment
+
+__all__ = ["StepMemory", "activation_bytes", "step_memory"]
+
+
+def activation_bytes(segs: Sequence[Segment], *, last: bool) -> int:
+    """Bytes per sample one microbatch in flight holds on a stage of ``segs``: what they save, a tensor
+    saved on both sides of a segment boundary once, the stage's input not at all (the batch, or the
+    receive buffer torch's stage allocates per microbatch once, both held before the step), and the
+    output where the stage is not the last and does not save it itself (torch's stage keeps it)."""
+    saved = sum(s.saved_bytes for s in segs)
+    shared = sum(min(a.saved_output_bytes, b.saved_input_bytes) for a, b in zip(segs, segs[1:]))
+    held = saved - shared - segs[0].saved_input_bytes
+    if not last:
+        held += max(0, segs[-1].out_bytes - segs[-1].saved_output_bytes)
+    return max(0, held)
+
+
+@dataclass(frozen=True, kw_only=True)
+class StepMemory:
+    """Per rank: the most a training step adds to what the rank holds as it starts."""
+
+    rank_step_bytes: tuple[int, ...]
+    stage_activation_bytes: tuple[int, ...]
+    """Per stage: the bytes one microbatch in flight holds."""
+
+
+def step_memory(profile: Profile, bounds: Sequence[tuple[int, int]], chunks: int,
+                actions: Sequence[Sequence[str]]) -> StepMemory:
+    """Walk each rank's ``actions`` over stages ``bounds`` (segment ranges) at ``chunks`` microbatches."""
+    segs = profile.segments
+    m = profile.batch_size // chunks
+    last = len(bounds) - 1
+    act = [activation_bytes(segs[a:b], last=k == last) * m for k, (a, b) in enumerate(bounds)]
+    params = [sum(s.param_bytes for s in segs[a:b]) for a, b in bounds]
+    largest = [max((s.largest_param_bytes for s in segs[a:b]), default=0) for a, b in bounds]
+    grad_in = [segs[a - 1].out_bytes * m if a else 0 for a, _ in bounds]  # the input's gradient, to send
+    cuda = profile.device.startswith("cuda")
+    out = []
+    for order in actions:
+        held = grads = peak = 0
+        has_grads: set[int] = set()
+        mine: set[int] = set()
+        for a in map(parse_action, order):
+            s = a.stage
+            mine.add(s)
+            if a.kind == "F":
+                held += act[s]
+                peak = max(peak, held + grads)
+                continue
+            if a.kind in "BW":  # weight gradients: made the first time, added to after
+                extra = largest[s] if s in has_grads else params[s]
+                peak = max(peak, held + grads + extra + grad_in[s] * (a.kind == "B"))
+                if s not in has_grads:
+                    has_grads.add(s)
+                    grads += params[s]
+                held -= act[s]
+            else:  # I: the input gradient alone
+                peak = max(peak, held + grads + grad_in[s])
+        if has_grads:
+            temp = sum(params[s] for s in mine) if cuda else 2 * max(largest[s] for s in mine)
+            peak = max(peak, grads + temp)
+        out.append(int(peak))
+    return StepMemory(rank_step_bytes=tuple(out), stage_activation_bytes=tuple(act))
