@@ -52,10 +52,12 @@ def train_stage_times(profile: Profile, cuts: Sequence[int], chunks: int, *,
     for a, b in _bounds(cuts, len(segs)):
         part: Sequence[Segment] = segs[a:b]
         link = profile.link.time(part[-1].out_bytes * m) if b < len(segs) else 0.0
-        out.append(StageTimes(forward=sum(s.latency(m) for s in part), backward=sum(interpolate(s.backward_s, m) for s in part),
-                              input_grad=sum(interpolate(s.input_grad_s, m) for s in part),
-                              weight_grad=sum(interpolate(s.weight_grad_s, m) for s in part),
-                              link_forward=link, link_backward=link))
+        backward = sum(interpolate(s.backward_s, m) for s in part)
+        # torch's first stage has no input gradient to split off: its W is the whole backward
+        input_grad = sum(interpolate(s.input_grad_s, m) for s in part) if a else 0.0
+        weight_grad = sum(interpolate(s.weight_grad_s, m) for s in part) if a else backward
+        out.append(StageTimes(forward=sum(s.latency(m) for s in part), backward=backward, input_grad=input_grad,
+                              weight_grad=weight_grad, link_forward=link, link_backward=link))
         opt.append(sum(s.optimizer_s or 0.0 for s in part))
     return out, opt
 

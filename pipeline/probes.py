@@ -58,8 +58,6 @@ class SegmentRunner(fx.Interpreter):
 
 
 def _nbytes(value: Any) -> int:
-    from torch.utils._pytree import tree_leaves
-
     return sum(t.numel() * t.element_size() for t in tree_leaves(value) if isinstance(t, torch.Tensor))
 
 
@@ -119,9 +117,11 @@ def _backward_times(mod: nn.Module, inputs: tuple[Any, ...], repeats: int,
                     sync: Callable[[], None], *, takes_batch: bool = False) -> tuple[float, float, float]:
     """One segment's median (whole backward, input grad, weight grad) seconds at the inputs' microbatch:
     autograd from the segment's outputs to its float inputs and its parameters, as a pipeline stage's
-    backward runs (a zero-bubble schedule's ``I`` then ``W``); a segment that ``takes_batch`` needs no input
-    gradient (the batch is no activation)."""
-    from torch.utils._pytree import tree_leaves
+    backward runs, and split as a zero-bubble schedule's ``I`` then ``W`` run it: torch's own
+    ``stage_backward_input`` (which keeps the intermediate gradients) then ``stage_backward_weight`` (which
+    starts from them), so I + W is about one backward, not two. A segment that ``takes_batch`` needs no
+    input gradient (the batch is no activation): torch runs its whole backward as the ``W``."""
+    from torch.distributed.pipelining._backward import stage_backward_input, stage_backward_weight
 
     params = [q for q in mod.parameters() if q.requires_grad]
     whole, first, second = [], [], []
@@ -139,19 +139,20 @@ def _backward_times(mod: nn.Module, inputs: tuple[Any, ...], repeats: int,
                 continue
             sync()
             t0 = time.perf_counter()
-            if not split:
+            if not split or not leaves:
                 torch.autograd.grad(outs, [*leaves, *params], grads, allow_unused=True)
                 sync()
-                times.append(time.perf_counter() - t0)
+                times += [time.perf_counter() - t0] if not split else [0.0, time.perf_counter() - t0]
                 continue
-            if leaves:
-                torch.autograd.grad(outs, leaves, grads, retain_graph=True, allow_unused=True)
+            _, groups = stage_backward_input(outs, grads, leaves, iter(params))
             sync()
             t1 = time.perf_counter()
             if params:
-                torch.autograd.grad(outs, params, grads, allow_unused=True)
+                stage_backward_weight(iter(params), groups)
             sync()
-            times += [t1 - t0 if leaves else 0.0, time.perf_counter() - t1]
+            times += [t1 - t0, time.perf_counter() - t1]
+            for q in [*params, *leaves]:
+                q.grad = None
         whole.append(times[0])
         first.append(times[1])
         second.append(times[2])

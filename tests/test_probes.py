@@ -35,3 +35,16 @@ def test_a_training_profile_times_each_segments_backward_halves_and_optimizer_st
     assert len(out.saved_bytes) == n and all(b > 0 for b in out.saved_bytes[1:-1])
     tokens = (32 // 8) ** 2 + 1
     assert out.saved_bytes[1] > tokens * 48 * 4  # a block keeps more than its input for its backward
+
+
+def test_a_training_profile_says_what_of_the_saved_bytes_is_each_segments_input_and_output(tiny_spec):
+    out = time_segments(tiny_spec, granularity="block", micro=[2], repeats=1, warmup=0, device=torch.device("cpu"),
+                        train=True)
+    n = len(out.blocks)
+    assert len(out.saved_input_bytes) == len(out.saved_output_bytes) == len(out.largest_param_bytes) == n
+    assert all(0 <= i <= s and 0 <= o <= s for i, o, s in zip(out.saved_input_bytes, out.saved_output_bytes,
+                                                               out.saved_bytes))
+    tokens = (32 // 8) ** 2 + 1
+    assert out.saved_input_bytes[1] == tokens * 48 * 4  # a block's first LayerNorm keeps its input
+    assert all(0 <= big <= p for big, p in zip(out.largest_param_bytes, out.param_bytes))
+    assert out.largest_param_bytes[1] == 48 * 4 * 48 * 4  # a block's largest: its MLP's 48 x 192 weight
