@@ -144,7 +144,9 @@ def _backward_times(mod: nn.Module, inputs: tuple[Any, ...], repeats: int,
                 sync()
                 times += [time.perf_counter() - t0] if not split else [0.0, time.perf_counter() - t0]
                 continue
-            _, groups = stage_backward_input(outs, grads, leaves, iter(params))
+            # torch detaches the outputs in place after I, which a view refuses: hand it a copy of those
+            _, groups = stage_backward_input([t.clone() if t._is_view() else t for t in outs], grads, leaves,
+                                             iter(params))
             sync()
             t1 = time.perf_counter()
             if params:
