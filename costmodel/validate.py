@@ -93,7 +93,8 @@ def _train_prediction(prof: Profile, cuts: Sequence[int], chunks: int, actions: 
 def memory_lines(records: Sequence[dict[str, Any]]) -> list[str]:
     """Predicted vs measured memory per rank of each training plan: what a step adds (peak less the memory
     held as it starts), and the whole peak, predicted as parameters + optimizer state + the step plus the
-    runtime's own (the least the *other* plans held beyond their prediction: no plan calibrates itself)."""
+    runtime's own (the least the *other* plans held beyond their prediction on that rank: no plan calibrates
+    itself, and rank 0 also holds the serial model it times)."""
     plans = [r for r in records if r.get("predicted_step_bytes") and r.get("base_mem_bytes")]
     if not plans:
         return []
@@ -105,15 +106,15 @@ def memory_lines(records: Sequence[dict[str, Any]]) -> list[str]:
              + (f"; MAPE {100 * statistics.mean(errors):.1f}%, worst {100 * max(errors):.1f}%" if errors else "")]
     whole = []
     for i, r in enumerate(plans):
-        gaps = [pk - q for j, o in enumerate(plans) if j != i
-                for pk, q in zip(o["peak_mem_bytes"], o["predicted_mem_bytes"])]
-        if gaps:
-            runtime = max(0, min(gaps))
-            whole += [(q + runtime, pk) for q, pk in zip(r["predicted_mem_bytes"], r["peak_mem_bytes"])]
+        for k, (q, pk) in enumerate(zip(r["predicted_mem_bytes"], r["peak_mem_bytes"])):
+            # rank by rank: rank 0 also holds the serial model it times
+            gaps = [o["peak_mem_bytes"][k] - o["predicted_mem_bytes"][k] for j, o in enumerate(plans) if j != i]
+            if gaps:
+                whole.append((q + max(0, min(gaps)), pk))
     if whole:
         err = [abs(a - b) / b for a, b in whole]
         lines.append("peak memory per rank, predicted (parameters, optimizer state, the step, + the runtime the other "
-                     "plans held beyond their prediction) vs measured MiB: "
+                     "plans held beyond their prediction on that rank) vs measured MiB: "
                      + "; ".join(f"{a / 2**20:.0f}/{b / 2**20:.0f}" for a, b in whole)
                      + f"; MAPE {100 * statistics.mean(err):.1f}%, worst {100 * max(err):.1f}%")
     return lines

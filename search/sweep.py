@@ -115,23 +115,25 @@ def _run(args: argparse.Namespace) -> int:
     return 130 if interrupted else 0
 
 
-def _memory_and_schedule(attrs: dict[str, Any], runtime: int) -> dict[str, Any]:
-    """A trial's peak MiB per stage, its predicted one (with ``runtime`` bytes of the runtime's own), its
-    predicted and measured step seconds and its schedule label, as a report row carries them."""
+def _memory_and_schedule(attrs: dict[str, Any], runtime: tuple[int, ...]) -> dict[str, Any]:
+    """A trial's peak MiB per stage, its predicted one (with each rank's ``runtime`` bytes of the runtime's
+    own), its predicted and measured step seconds and its schedule label, as a report row carries them."""
     from search.export import layout_label
 
     predicted = attrs.get("predicted_mem_bytes") or ()
+    extra = list(runtime) + [0] * (len(predicted) - len(runtime))
     return {"peak_mib": tuple(round(b / 2**20) for b in attrs.get("peak_mem_bytes") or ()),
-            "predicted_mib": tuple(round((b + runtime) / 2**20) for b in predicted),
+            "predicted_mib": tuple(round((b + e) / 2**20) for b, e in zip(predicted, extra)),
             "predicted_s": attrs.get("predicted_s"), "measured_s": attrs.get("measured_s"),
             "schedule": layout_label(attrs.get("plan") or {})}
 
 
-def study_runtime_bytes(study: Any) -> int:
-    """What the study's measured trials held beyond their memory prediction, at least (``search.memory``)."""
-    from search.memory import runtime_bytes
+def study_runtime_bytes(study: Any) -> tuple[int, ...]:
+    """What the study's measured trials held beyond their memory prediction, at least, rank by rank
+    (``search.memory``)."""
+    from search.memory import rank_runtime_bytes
 
-    return runtime_bytes([(t.user_attrs["peak_mem_bytes"], t.user_attrs["predicted_mem_bytes"])
+    return rank_runtime_bytes([(t.user_attrs["peak_mem_bytes"], t.user_attrs["predicted_mem_bytes"])
                           for t in study.get_trials(deepcopy=False)
                           if t.user_attrs.get("peak_mem_bytes") and t.user_attrs.get("predicted_mem_bytes")])
 
