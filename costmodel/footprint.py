@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from costmodel.replay import parse_action
 from costmodel.types import Profile, Segment
 
-__all__ = ["StepMemory", "activation_bytes", "step_memory"]
+__all__ = ["StepMemory", "activation_bytes", "rank_runtime_bytes", "step_memory"]
 
 
 def activation_bytes(segs: Sequence[Segment], *, last: bool) -> int:
@@ -88,3 +88,13 @@ def step_memory(profile: Profile, bounds: Sequence[tuple[int, int]], chunks: int
             peak = max(peak, grads + temp)
         out.append(int(peak))
     return StepMemory(rank_step_bytes=tuple(out), stage_activation_bytes=tuple(act))
+
+
+def rank_runtime_bytes(measured: Sequence[tuple[Sequence[int], Sequence[int]]]) -> tuple[int, ...]:
+    """The memory each rank held that its prediction does not account for (the interpreter, torch's
+    libraries, and on rank 0 the serial model it times): the least (measured peak - predicted) of that
+    rank over the plans ``(peaks, predicted)``, never below 0. For reports; a search prunes with the least
+    over every rank (``search.memory.runtime_bytes``), which never rules out a plan that may fit."""
+    ranks = max((len(p) for p, _ in measured), default=0)
+    return tuple(max(0, min((p[r] - q[r] for p, q in measured if r < len(p) and r < len(q)), default=0))
+                 for r in range(ranks))

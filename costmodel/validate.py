@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from costmodel.calibrate import TrialRows, fit, trial_rows
+from costmodel.footprint import rank_runtime_bytes
 from costmodel.simulate import simulate
 from costmodel.stats import kendall_tau, mape
 from costmodel.types import Profile
@@ -106,11 +107,9 @@ def memory_lines(records: Sequence[dict[str, Any]]) -> list[str]:
              + (f"; MAPE {100 * statistics.mean(errors):.1f}%, worst {100 * max(errors):.1f}%" if errors else "")]
     whole = []
     for i, r in enumerate(plans):
-        for k, (q, pk) in enumerate(zip(r["predicted_mem_bytes"], r["peak_mem_bytes"])):
-            # rank by rank: rank 0 also holds the serial model it times
-            gaps = [o["peak_mem_bytes"][k] - o["predicted_mem_bytes"][k] for j, o in enumerate(plans) if j != i]
-            if gaps:
-                whole.append((q + max(0, min(gaps)), pk))
+        others = [(o["peak_mem_bytes"], o["predicted_mem_bytes"]) for j, o in enumerate(plans) if j != i]
+        runtime = rank_runtime_bytes(others) if others else ()
+        whole += [(q + rt, pk) for q, pk, rt in zip(r["predicted_mem_bytes"], r["peak_mem_bytes"], runtime)]
     if whole:
         err = [abs(a - b) / b for a, b in whole]
         lines.append("peak memory per rank, predicted (parameters, optimizer state, the step, + the runtime the other "

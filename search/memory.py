@@ -19,8 +19,7 @@ from optuna.trial import FrozenTrial
 
 from pipeline.core.errors import PipesplitError
 
-__all__ = ["OVER_MEMORY", "constraint", "format_size", "over_limit", "parse_size", "predicted_over", "rank_runtime_bytes",
-           "runtime_bytes"]
+__all__ = ["OVER_MEMORY", "constraint", "format_size", "over_limit", "parse_size", "predicted_over", "runtime_bytes"]
 
 OVER_MEMORY = "over_memory"
 """User attribute of a measured trial over the limit: the reason, with the figures."""
@@ -64,15 +63,6 @@ def runtime_bytes(measured: Sequence[tuple[Sequence[int], Sequence[int]]]) -> in
     pruned for it would have peaked over the limit with the smallest runtime seen."""
     gaps = [p - q for peaks, pred in measured for p, q in zip(peaks, pred)]
     return max(0, min(gaps)) if gaps else 0
-
-
-def rank_runtime_bytes(measured: Sequence[tuple[Sequence[int], Sequence[int]]]) -> tuple[int, ...]:
-    """``runtime_bytes`` rank by rank: rank 0 also holds the serial model it times (its parameters and
-    optimizer state), so its runtime is its own; for reports, where the least over every rank would read
-    rank 0's peak low. Pruning keeps the least over all ranks (it never rules out a plan that may fit)."""
-    ranks = max((len(p) for p, _ in measured), default=0)
-    return tuple(max(0, min((p[r] - q[r] for p, q in measured if r < len(p) and r < len(q)), default=0))
-                 for r in range(ranks))
 
 
 def predicted_over(predicted: Sequence[int], runtime: int, limit: int) -> str | None:

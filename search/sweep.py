@@ -130,12 +130,12 @@ def _memory_and_schedule(attrs: dict[str, Any], runtime: tuple[int, ...]) -> dic
 
 def study_runtime_bytes(study: Any) -> tuple[int, ...]:
     """What the study's measured trials held beyond their memory prediction, at least, rank by rank
-    (``search.memory``)."""
-    from search.memory import rank_runtime_bytes
+    (``costmodel.footprint``)."""
+    from costmodel.footprint import rank_runtime_bytes
 
     return rank_runtime_bytes([(t.user_attrs["peak_mem_bytes"], t.user_attrs["predicted_mem_bytes"])
-                          for t in study.get_trials(deepcopy=False)
-                          if t.user_attrs.get("peak_mem_bytes") and t.user_attrs.get("predicted_mem_bytes")])
+                               for t in study.get_trials(deepcopy=False)
+                               if t.user_attrs.get("peak_mem_bytes") and t.user_attrs.get("predicted_mem_bytes")])
 
 
 def rows_for(stages: int, study: Any) -> list[Any]:

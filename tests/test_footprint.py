@@ -5,7 +5,7 @@ import dataclasses
 from hypothesis import given
 from hypothesis import strategies as st
 
-from costmodel.footprint import activation_bytes, step_memory
+from costmodel.footprint import activation_bytes, rank_runtime_bytes, step_memory
 from tests.conftest import toy_profile
 
 
@@ -66,3 +66,9 @@ def test_a_step_adds_at_least_its_gradients_and_one_microbatch(chunks_log, saved
     per_mb = 2 * saved * (8 // chunks)
     assert m.rank_step_bytes[0] >= params * 2 + per_mb
     assert m.rank_step_bytes[0] <= params * 2 + 8 * 2 * saved + params * 2  # never more than all at once
+
+
+def test_a_reports_runtime_is_each_ranks_own_least_gap():
+    measured = [([500, 600], [100, 150]), ([450, 480], [90, 60])]
+    assert rank_runtime_bytes(measured) == (360, 420)  # rank 0 (which also times the serial model) apart
+    assert rank_runtime_bytes([]) == () and rank_runtime_bytes([([100], [150])]) == (0,)

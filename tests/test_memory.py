@@ -6,7 +6,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from pipeline.core.errors import PipesplitError
-from search.memory import constraint, over_limit, parse_size, predicted_over, rank_runtime_bytes, runtime_bytes
+from search.memory import constraint, over_limit, parse_size, predicted_over, runtime_bytes
 
 
 @pytest.mark.parametrize("text, size", [("4GiB", 4 * 2**30), ("512 MiB", 512 * 2**20), ("1.5GB", 1_500_000_000),
@@ -49,9 +49,3 @@ def test_a_plan_is_ruled_out_before_a_run_only_when_its_prediction_is_over(predi
     assert (why is not None) == (max(predicted) + runtime > limit)
     if why:
         assert why.startswith(f"predicted: stage {predicted.index(max(predicted))} needs") and "not run" in why
-
-
-def test_a_reports_runtime_is_each_ranks_own_least_gap():
-    measured = [([500, 600], [100, 150]), ([450, 480], [90, 60])]
-    assert rank_runtime_bytes(measured) == (360, 420)  # rank 0 (which also times the serial model) apart
-    assert rank_runtime_bytes([]) == () and rank_runtime_bytes([([100], [150])]) == (0,)
