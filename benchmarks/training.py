@@ -14,7 +14,7 @@ Three parts, each printed as it finishes (``--out`` also writes every figure as 
    Interleaved1F1B with two stages per rank (four balanced stages), side by side: pipeline seconds and
    the idle share of the ranks' time (1 - compute / (ranks x wall)).
 
-    .venv/bin/python benchmarks/training.py                       # DeiT-S b32, 2 stages, 2 cores: ~1 hour
+    .venv/bin/python benchmarks/training.py                       # DeiT-S b32, 2 stages: all three parts
     .venv/bin/python benchmarks/training.py --study deit_small_patch16_224-s2-b32-cpu-train --skip-bubble
     .venv/bin/python benchmarks/training.py --skip-bubble         # the search and side by side alone: 50 minutes
 """
