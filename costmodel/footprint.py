@@ -95,6 +95,5 @@ def rank_runtime_bytes(measured: Sequence[tuple[Sequence[int], Sequence[int]]]) 
     libraries, and on rank 0 the serial model it times): the least (measured peak - predicted) of that
     rank over the plans ``(peaks, predicted)``, never below 0. For reports; a search prunes with the least
     over every rank (``search.memory.runtime_bytes``), which never rules out a plan that may fit."""
-    ranks = max((len(p) for p, _ in measured), default=0)
-    return tuple(max(0, min((p[r] - q[r] for p, q in measured if r < len(p) and r < len(q)), default=0))
-                 for r in range(ranks))
+    ranks = max((min(len(p), len(q)) for p, q in measured), default=0)  # every one of them measured at least once
+    return tuple(max(0, min(p[r] - q[r] for p, q in measured if r < min(len(p), len(q)))) for r in range(ranks))

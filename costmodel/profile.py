@@ -39,6 +39,10 @@ from pipeline.probes import SegmentRunner, stage_targets, time_segments, trace_a
 PROFILE_DIR = Path("results/profiles")
 
 
+_BYTE_FIELDS = ("saved_bytes", "saved_input_bytes", "saved_output_bytes", "largest_param_bytes")
+"""Per-segment byte counts a training profile's reply carries (empty in a forward one)."""
+
+
 def divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
@@ -131,10 +135,7 @@ def profile_model(spec: ModelSpec, *, device: str = "cpu", threads: int = 1, gra
                 input_grad_s={m: first.backward_s[m][k][1] for m in first.backward_s},
                 weight_grad_s={m: first.backward_s[m][k][2] for m in first.backward_s},
                 optimizer_s=first.optimizer_s[k] if first.optimizer_s else None,
-                saved_bytes=int(first.saved_bytes[k]) if first.saved_bytes else 0,
-                saved_input_bytes=int(first.saved_input_bytes[k]) if first.saved_input_bytes else 0,
-                saved_output_bytes=int(first.saved_output_bytes[k]) if first.saved_output_bytes else 0,
-                largest_param_bytes=int(first.largest_param_bytes[k]) if first.largest_param_bytes else 0)
+                **{f: int(getattr(first, f)[k]) if getattr(first, f) else 0 for f in _BYTE_FIELDS})
         for k in range(n)
     )
     from pipeline.export import provenance

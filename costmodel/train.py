@@ -129,15 +129,14 @@ def predict_train(profile: Profile, cuts: Sequence[int], chunks: int, actions: S
     flight = in_flight(actions) if train else {}
     bounds = _bounds(cuts, len(segs))
     mem = step_memory(profile, bounds, chunks, actions) if train else None
-    states = 1 + OPTIMIZER_STATES.get(optimizer, 2) if train else 0  # gradients + the optimizer's copies
-    stage_mem = [int(sum(s.param_bytes for s in segs[lo:hi]) * (1 + states)
-                     + (mem.stage_activation_bytes[k] * flight.get(k, 0) if mem else 0))
-                 for k, (lo, hi) in enumerate(bounds)]
+    copies = 1 + OPTIMIZER_STATES.get(optimizer, 2) if train else 1  # parameters + the optimizer's: between steps
+    params = [sum(s.param_bytes for s in segs[lo:hi]) for lo, hi in bounds]
+    # per stage: what stays, its gradients, and its activations at the most microbatches in flight
+    stage_mem = [p * copies + (p + mem.stage_activation_bytes[k] * flight.get(k, 0) if mem else 0)
+                 for k, p in enumerate(params)]
     rank_step = list(mem.rank_step_bytes) if mem else [0] * busy
-    copies = 1 + OPTIMIZER_STATES.get(optimizer, 2) if train else 1  # what stays between steps
-    held = [sum(s.param_bytes for k, (lo, hi) in enumerate(bounds) if rank_of.get(k) == r for s in segs[lo:hi])
-            * copies for r in range(busy)]
-    rank_mem = [h + st for h, st in zip(held, rank_step)]
+    rank_mem = [sum(p for k, p in enumerate(params) if rank_of.get(k) == r) * copies + rank_step[r]
+                for r in range(busy)]
     makespan = max(step_end)
     return TrainPrediction(makespan_s=makespan, serial_s=serial,
                            bubble_fraction=1 - sum(run.busy) / (busy * run.makespan) if run.makespan > 0 else 0.0,

@@ -7,8 +7,9 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 PROFILE_VERSION = 4
-"""3: segments timed alone plus a machine model (2: small microbatch sizes timed over a whole batch of
-samples); older profiles are measured again."""
+"""4: training profiles time I and W as torch's zero-bubble stages run them and split the saved bytes into
+a segment's input and output (3: segments timed alone plus a machine model; 2: small microbatch sizes
+timed over a whole batch of samples); older profiles are measured again."""
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -17,6 +17,7 @@ from collections.abc import Sequence
 
 from optuna.trial import FrozenTrial
 
+from costmodel.footprint import rank_runtime_bytes
 from pipeline.core.errors import PipesplitError
 
 __all__ = ["OVER_MEMORY", "constraint", "format_size", "over_limit", "parse_size", "predicted_over", "runtime_bytes"]
@@ -61,8 +62,7 @@ def runtime_bytes(measured: Sequence[tuple[Sequence[int], Sequence[int]]]) -> in
     """The memory a rank holds that no prediction accounts for: the least (measured peak - predicted) over
     the ranks of the measured trials ``(peaks, predicted)`` (0 before any, never below 0), so that a plan
     pruned for it would have peaked over the limit with the smallest runtime seen."""
-    gaps = [p - q for peaks, pred in measured for p, q in zip(peaks, pred)]
-    return max(0, min(gaps)) if gaps else 0
+    return min(rank_runtime_bytes(measured), default=0)
 
 
 def predicted_over(predicted: Sequence[int], runtime: int, limit: int) -> str | None:
