@@ -20,9 +20,8 @@ from search.context import SearchContext, plan_key
 from search.coordination import MEASURED, SAMPLER, measured_trials, skip_reason, speedup_of, worker_id
 from search.memory import OVER_MEMORY, over_limit, predicted_over, runtime_bytes
 from search.notes import save_trial_note
-from search.pruning import PRUNE_STREAK, prune_reason
+from search.pruning import PRUNE_STREAK, budget_covers_rest, prune_reason
 from search.racing import band, best_value, study_cv
-from search.sampler import REVISIT
 from search.space import PlanPoint
 
 __all__ = ["Objective", "TrialFailed", "result_attrs"]
@@ -84,11 +83,9 @@ class Objective:
             if t.user_attrs.get("plan_key") == key and t.state == optuna.trial.TrialState.COMPLETE:
                 trial.set_user_attr("duplicate_of", t.number)
                 return (float(t.values[0]), float(t.values[1])) if ctx.memory_objective else float(t.values[0])
-        # the sampler marks a revisit in storage while it samples (after this trial object was made)
-        revisit = bool(ctx.study._storage.get_trial(trial._trial_id).user_attrs.get(REVISIT))
         if ctx.max_stage_memory and prediction is not None:
             self._maybe_over_memory(trial, prediction.rank_mem_bytes, ctx.max_stage_memory)
-        if ctx.prune and source is None and point is not None and not revisit and prediction is not None:
+        if ctx.prune and source is None and point is not None and prediction is not None:
             self._maybe_prune(trial, point, machine)
         trial.set_user_attr("plan_key", key)
         trial.set_user_attr(MEASURED, True)
@@ -187,6 +184,11 @@ class Objective:
         Nothing is reported to Optuna: a prediction is not a measurement (it stays in the user attributes).
         After ``PRUNE_STREAK`` prunes in a row the next proposal runs: pruning may not starve the search."""
         ctx = self.ctx
+        sampler = ctx.study.sampler
+        if ctx.budget is not None and hasattr(sampler, "untried") and budget_covers_rest(
+                ctx.budget - len(measured_trials(ctx.study)), sampler.untried(ctx.study)):
+            trial.set_user_attr("pruning_rested", "the budget left measures every plan not yet tried")
+            return
         recent = [t for t in ctx.study.get_trials(deepcopy=False) if t.number < trial.number
                   and t.user_attrs.get("source") == SAMPLER and t.state.is_finished()][-PRUNE_STREAK:]
         if len(recent) == PRUNE_STREAK and all(t.user_attrs.get("pruned_by") for t in recent):

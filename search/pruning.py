@@ -5,14 +5,16 @@ optimistic measured/predicted ratio seen so far; if even that falls below ``PRUN
 measured speedup (inside the ~5 % noise of one trial, so a plan that could tie is still run), the plan
 is pruned without a run. Enqueued seeds always run (the caller does not ask), and after
 ``PRUNE_STREAK`` prunes in a row the next proposal runs, so that a model far off the measurements
-cannot starve the search.
+cannot starve the search. Nor is a plan pruned when the budget left would measure every plan not yet
+tried (``budget_covers_rest``): pruning saves runs, and there a run costs nothing another plan needed; a
+pruned plan is never proposed again, so this is the only chance such a plan gets.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-__all__ = ["PRUNE_AFTER", "PRUNE_MARGIN", "PRUNE_STREAK", "prune_reason"]
+__all__ = ["PRUNE_AFTER", "PRUNE_MARGIN", "PRUNE_STREAK", "budget_covers_rest", "prune_reason"]
 
 PRUNE_AFTER = 3
 PRUNE_STREAK = 3
@@ -32,3 +34,9 @@ def prune_reason(predicted: float, done: Sequence[tuple[float, float]], *, after
     if optimistic < margin * best:
         return f"cost model: at best {optimistic:.2f}x vs measured best {best:.2f}x"
     return None
+
+
+def budget_covers_rest(budget_left: int, untried: int) -> bool:
+    """Whether ``budget_left`` measured trials (this one included) would run this plan and all ``untried``
+    plans the study holds no trial of: then pruning this one saves nothing."""
+    return budget_left >= untried + 1

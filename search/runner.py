@@ -2,8 +2,9 @@
 
 The budget is measured trials (``--trials``) and, optionally, timed repeats (``--budget-repeats``),
 whichever runs out first. A worker with nothing left to claim (other workers measure the last trials)
-waits for them; the loop also stops when the sampler has tried every plan of the space, or (a safety
-net) after ``IDLE_LIMIT`` proposals in a row that needed no run.
+waits for them; the loop also stops, before it asks for a trial that could only repeat a plan, when no
+seed waits and the study holds a trial of every plan of the space, and (a safety net) after
+``IDLE_LIMIT`` proposals in a row that needed no run.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from search.coordination import claims, fail_stale, is_seed, measured_trials, re
 from search.objective import Objective, TrialFailed
 from search.seeds import layout_seeds, seeds
 
-__all__ = ["IDLE_LIMIT", "run_loop", "seed_count", "seed_study", "trial_repeats"]
+__all__ = ["IDLE_LIMIT", "exhausted_summary", "run_loop", "seed_count", "seed_study", "trial_repeats"]
 
 CLAIM_POLL_S = 2.0  # how often a worker with nothing left to claim looks at the others' trials
 IDLE_LIMIT = 60  # proposals in a row that need no run before the search counts the space as exhausted
@@ -73,6 +74,18 @@ def seed_count(study: optuna.Study) -> int:
     return sum(1 for t in study.get_trials(deepcopy=False) if is_seed(t))
 
 
+def exhausted_summary(study: optuna.Study) -> str:
+    """How the trials of an exhausted space ended, in a few words."""
+    from search.coordination import MEASURED
+
+    trials = study.get_trials(deepcopy=False)
+    parts = [(sum(1 for t in trials if t.user_attrs.get(MEASURED)), "measured"),
+             (sum(1 for t in trials if t.user_attrs.get("pruned_by")), "pruned by the cost model"),
+             (sum(1 for t in trials if str(t.user_attrs.get("over_memory", "")).startswith("predicted")),
+              "predicted over the memory limit")]
+    return ", ".join(f"{n} {what}" for n, what in parts if n) or "none measured"
+
+
 def run_loop(ctx: SearchContext, trials: int, *, timeout: float | None = None, started: float | None = None) -> None:
     """Run until the study holds ``trials`` measured trials (a resumed study counts what it has)."""
     from tqdm import tqdm
@@ -97,8 +110,11 @@ def run_loop(ctx: SearchContext, trials: int, *, timeout: float | None = None, s
             if ctx.budget_repeats is not None and repeats_spent(study) >= ctx.budget_repeats:
                 print(f"\nstopping: the study's budget of {ctx.budget_repeats} timed repeats is spent")
                 break
-            if getattr(sampler, "exhausted", False):
-                print(f"\nstopping: every one of the space's {ctx.space.size} plans has been tried")
+            waiting = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.WAITING,))
+            if getattr(sampler, "exhausted", False) or (
+                    not waiting and hasattr(sampler, "untried") and sampler.untried(study) == 0):
+                bar.write(f"stopping: nothing left to run, every one of the space's {ctx.space.size} plans has a "
+                          f"trial ({exhausted_summary(study)})")
                 break
             if len(claims(study)) >= trials:
                 # other workers are measuring the last trials: wait for them (or for their staleness)

@@ -3,7 +3,12 @@
 It asks ``search.proposals.propose`` for the whole plan at once (Optuna's relative sampling), from the
 study's own trials: what was measured (and at what speedup), and what was tried in any way (measured,
 pruned, failed, or being measured by another worker now), so that workers sharing a study do not
-propose the same plan. Enqueued trials (the seeds) keep their fixed parameters.
+propose the same plan. Enqueued trials (the seeds) keep their fixed parameters, and a seed whose plan
+lies in the space (PiPPy's, when it cuts at a block) counts as tried too.
+
+A plan is proposed once: measured, raced out, pruned by the cost model or for memory, it is never
+proposed again, so a study holds at most one trial per plan besides its seeds. ``untried`` says whether
+anything is left, so that the search loop stops before it asks Optuna for a trial that could only repeat.
 """
 
 from __future__ import annotations
@@ -20,22 +25,34 @@ from search.coordination import MEASURED, speedup_of
 from search.proposals import EXPLORE, Measured, propose
 from search.space import PlanPoint, PlanSpace, best_first
 
-__all__ = ["REVISIT", "PlanSampler", "running_points", "tried_points"]
-
-REVISIT = "revisit"
-"""User attribute of a proposal the cost model pruned before, proposed again once every plan was tried:
-the objective runs it rather than pruning it twice."""
+__all__ = ["PlanSampler", "trial_point", "tried_points"]
 
 
-def running_points(study: optuna.Study, space: PlanSpace) -> set[PlanPoint]:
-    """Plans being measured now (by any worker)."""
-    out = set()
-    for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-        try:
-            out.add(space.decode(t.params))
-        except ValueError:
-            continue
-    return out
+def trial_point(t: FrozenTrial, space: PlanSpace) -> PlanPoint | None:
+    """The plan of the space a trial holds: from its parameters, or from a seed's fixed plan where its cuts
+    fall on the space's segments; None for a plan outside the space (a cut mid-block) or no plan yet."""
+    try:
+        return space.decode(t.params)
+    except ValueError:
+        pass
+    fixed = t.user_attrs.get("fixed_plan")
+    if not isinstance(fixed, dict):
+        return None
+    points = fixed.get("split_points") or []
+    if any(p.get("kind", "BEGINNING") != "BEGINNING" for p in points):
+        return None
+    per_rank = int(fixed.get("stages_per_rank", 1) or 1)
+    label = str(fixed.get("schedule", "GPipe")) + (f"/V{per_rank}" if per_rank > 1 else "")
+    params: dict[str, Any] = {f"cut_{i}": p.get("fqn") for i, p in enumerate(points, 1)}
+    params["chunks"] = fixed.get("chunks")
+    if space.multi:
+        params["layout"] = label
+    elif space.layouts[0].label != label:
+        return None
+    try:
+        return space.decode(params)
+    except (ValueError, TypeError):
+        return None
 
 
 def tried_points(study: optuna.Study, space: PlanSpace) -> tuple[list[Measured], set[PlanPoint]]:
@@ -43,10 +60,9 @@ def tried_points(study: optuna.Study, space: PlanSpace) -> tuple[list[Measured],
     measured: list[Measured] = []
     seen: set[PlanPoint] = set()
     for t in study.get_trials(deepcopy=False):
-        try:
-            p = space.decode(t.params)
-        except ValueError:
-            continue  # a fixed plan (PiPPy may cut mid-block) or a trial still being set up
+        p = trial_point(t, space)
+        if p is None:
+            continue  # a fixed plan outside the space (PiPPy may cut mid-block) or a trial still being set up
         seen.add(p)
         if not t.user_attrs.get(MEASURED):
             continue
@@ -94,16 +110,15 @@ class PlanSampler(optuna.samplers.BaseSampler):
         measured, seen = tried_points(study, self.space)
         p = propose(self.space, measured, seen, self.predict, self._next_ranked(seen), self._rng,
                     explore=self.explore)
-        if p is None:  # every plan tried: those the cost model pruned without a run get their run now
-            ran = {m.point for m in measured} | running_points(study, self.space)
-            p = propose(self.space, measured, ran, self.predict, [], self._rng, explore=self.explore)
-            if p is not None:
-                study._storage.set_trial_user_attr(trial._trial_id, REVISIT, True)
-        if p is None:
+        if p is None:  # another worker took the last plan between the loop's look and this ask
             self.exhausted = True
             best = max(measured, key=lambda m: m.speedup, default=None)
             return self.space.encode(best.point) if best else {}
         return self.space.encode(p)
+
+    def untried(self, study: optuna.Study) -> int:
+        """Plans of the space no trial of ``study`` holds yet (0: nothing is left to propose)."""
+        return max(0, self.space.size - len(tried_points(study, self.space)[1]))
 
     def _next_ranked(self, seen: set[PlanPoint]) -> list[PlanPoint]:
         """Each layout's best plans by the cost model not tried yet, best first (a few more than the stages)."""

@@ -7,6 +7,7 @@ import urllib.request
 
 import pytest
 
+from search.memory import format_size
 from search.optimize import main
 from tests.conftest import TINY_VIT_ARGS, dashboard
 
@@ -188,10 +189,15 @@ def test_a_training_plan_over_the_memory_limit_is_not_run_or_is_infeasible_with_
     # PiPPy's plan may cut mid-block, where the model has no segment to price: it runs, and is over when measured
     for t in (t for t in over if t not in unrun):
         peak = max(t.user_attrs["peak_mem_bytes"])
-        assert f"peaked at {peak / 2**20:.0f} MiB, over --max-stage-memory 1 MiB" in t.user_attrs["over_memory"]
+        assert f"peaked at {format_size(peak)}, over --max-stage-memory 1 MiB" in t.user_attrs["over_memory"]
         assert t.system_attrs["constraints"][0] == pytest.approx((peak - 2**20) / 2**20)  # > 0: infeasible
     assert not list(tmp_path.glob("*/best_split.json"))
-    assert "No measured plan fits it" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "No measured plan fits it" in out and "stopping: nothing left to run" in out
+    # at most one trial per plan besides the seeds: a plan pruned for memory is never proposed again
+    proposed = [t.params for t in study.trials if not t.user_attrs["source"].startswith(("pippy", "costmodel"))]
+    assert len(proposed) <= study.user_attrs["space_size"]
+    assert len({tuple(sorted(p.items())) for p in proposed}) == len(proposed)
 
 
 def test_a_two_objective_study_keeps_speedup_and_peak_memory_and_lists_its_pareto_front(tmp_path, capsys):

@@ -3,7 +3,7 @@
 from hypothesis import given
 from hypothesis import strategies as st
 
-from search.pruning import PRUNE_AFTER, prune_reason
+from search.pruning import PRUNE_AFTER, budget_covers_rest, prune_reason
 
 
 def test_no_pruning_before_enough_plans_are_measured():
@@ -21,3 +21,8 @@ def test_a_plan_clearly_behind_even_when_corrected_optimistically_is_pruned():
 def test_a_plan_predicted_at_least_as_well_as_the_best_is_never_pruned(done):
     best_pred = max(p for m, p in done if m == max(m for m, _ in done))
     assert prune_reason(best_pred, done) is None
+
+
+@given(st.integers(0, 50), st.integers(0, 50))
+def test_pruning_rests_exactly_when_the_budget_left_runs_this_plan_and_every_untried_one(left, untried):
+    assert budget_covers_rest(left, untried) == (left >= untried + 1)

@@ -1,7 +1,7 @@
 import optuna
 
 from search.coordination import MEASURED
-from search.sampler import PlanSampler, tried_points
+from search.sampler import PlanSampler, trial_point, tried_points
 from search.space import PlanPoint, PlanSpace
 
 
@@ -39,3 +39,26 @@ def test_an_exhausted_space_is_flagged():
 
     study.optimize(objective, n_trials=3)
     assert sampler.exhausted
+
+
+def test_a_seed_whose_fixed_plan_lies_in_the_space_counts_as_tried_and_untried_counts_down():
+    sp = PlanSpace(names=("a", "b", "c"), stages=2, chunks=(1, 2))
+    sampler = PlanSampler(sp, lambda p: 1.0, [], seed=0)
+    study = optuna.create_study(direction="maximize", sampler=sampler)
+    assert sampler.untried(study) == sp.size == 4
+    fixed = {"split_points": [{"fqn": "b", "kind": "BEGINNING"}], "chunks": 2, "schedule": "GPipe"}
+    mid_block = {"split_points": [{"fqn": "b.fc", "kind": "BEGINNING"}], "chunks": 2, "schedule": "GPipe"}
+    study.enqueue_trial({}, user_attrs={"fixed_plan": fixed})
+    study.enqueue_trial({}, user_attrs={"fixed_plan": mid_block})
+    assert [trial_point(t, sp) for t in study.trials] == [PlanPoint(cuts=(1,), chunks=2), None]
+    assert sampler.untried(study) == 3
+
+    def objective(trial):
+        if not trial.user_attrs.get("fixed_plan"):
+            sp.decode({k: trial.suggest_categorical(k, list(v)) for k, v in sp.choices().items()})
+        return 1.0
+
+    study.optimize(objective, n_trials=5)
+    assert sampler.untried(study) == 0
+    _, seen = tried_points(study, sp)
+    assert len(seen) == 4  # the sampler never proposed the seed's plan again
