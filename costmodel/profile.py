@@ -240,6 +240,9 @@ def add_cache_args(p: argparse.ArgumentParser) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    from pipeline.logs import quiet_logs
+
+    quiet_logs()
     from pipeline.cli import Parser, add_model_args, spec_from_args
     from pipeline.core.atomic import write_json
 

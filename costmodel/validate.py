@@ -120,6 +120,9 @@ def memory_lines(records: Sequence[dict[str, Any]]) -> list[str]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    from pipeline.logs import quiet_logs
+
+    quiet_logs()
     from tqdm import tqdm
 
     from costmodel.profile import add_cache_args, load_for_stages

@@ -21,6 +21,7 @@ from pipeline.batch import Batch
 from pipeline.core.errors import one_line
 from pipeline.core.spec import ModelSpec
 from pipeline.instrument import CommClock, Peak, hook_torch_p2p
+from pipeline.logs import quiet_logs
 from pipeline.models import build_model
 from pipeline.traces import TraceCache
 from pipeline.training import Reference, reference
@@ -120,6 +121,7 @@ def join_group(rank: int, cfg: WorkerConfig) -> RankState:
     """Join the pipeline's process group (gloo on CPU, NCCL on CUDA) and set up this rank's state."""
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     os.environ.setdefault("KINETO_LOG_LEVEL", "5")  # torch.profiler (--trace) is chatty on stderr otherwise
+    quiet_logs()
     backend = "nccl" if cfg.device == "cuda" else "gloo"
     if cfg.device == "cuda":
         torch.cuda.set_device(gpu_index(rank, cfg))

@@ -187,6 +187,9 @@ def format_result(result: TrialResult) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    from pipeline.logs import quiet_logs
+
+    quiet_logs()
     args = _parser().parse_args(argv)
     from pipeline.core.atomic import check_writable, write_json
     from pipeline.export import document

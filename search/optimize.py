@@ -120,6 +120,9 @@ def add_output_args(p: argparse.ArgumentParser) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    from pipeline.logs import quiet_logs
+
+    quiet_logs()
     args = _parser().parse_args(argv)
     from pipeline.launch import follower_exit, release_followers
 

@@ -45,6 +45,9 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    from pipeline.logs import quiet_logs
+
+    quiet_logs()
     args = _parser().parse_args(argv)
     try:
         return _run(args)

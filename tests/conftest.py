@@ -23,6 +23,14 @@ TINY_VIT = {"depth": 4, "img_size": 32, "patch_size": 8, "embed_dim": 48, "num_h
 TINY_VIT_ARGS = ["--model", "deit_tiny_patch16_224", "--model-kwargs", json.dumps(TINY_VIT), "--batch-size", "8"]
 
 
+@pytest.fixture(scope="session", autouse=True)
+def quiet_library_logs():
+    """torch's loggers at WARNING, as every CLI and stage worker sets them."""
+    from pipeline.logs import quiet_logs
+
+    quiet_logs()
+
+
 @pytest.fixture(scope="session")
 def tiny_spec() -> ModelSpec:
     return resolve_spec("deit_tiny_patch16_224", kwargs=TINY_VIT, batch_size=8)
