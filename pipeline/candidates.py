@@ -164,16 +164,16 @@ def find_candidates(model: nn.Module, spec: ModelSpec, granularity: str = "block
     once = [(k, n) for k, n in raw if counts[n] == 1 and n != ""]
     events = tuple(f"{k}:{n}" for k, n in once)
     order = {n: i for i, (k, n) in enumerate(once) if k == "B"}
-    modules = dict(model.named_modules())
+    # every name, a module shared under several (transformers' cached activation instances) included
+    modules = dict(model.named_modules(remove_duplicate=False))
 
     @functools.cache
     def first_use(fqn: str) -> int | None:
-        """Where a module starts; a container that is never called itself (a ModuleList that forward loops
-        over: GPT-2's ``transformer.h``, Llama's ``model.layers``) starts where its first child does."""
+        """Where a module starts; a module that is never called itself starts where its first called child
+        does: a container that forward loops over (GPT-2's ``transformer.h``, Llama's ``model.layers``) or a
+        wrapper whose parent calls its children directly (Blenderbot's and OPT's decoder-only ``model``)."""
         if fqn in order:
             return order[fqn]
-        if not isinstance(modules[fqn], (*_CONTAINERS, nn.ModuleDict)):
-            return None
         uses = [u for c, _ in modules[fqn].named_children() if (u := first_use(f"{fqn}.{c}")) is not None]
         return min(uses) if uses else None
 
@@ -183,10 +183,13 @@ def find_candidates(model: nn.Module, spec: ModelSpec, granularity: str = "block
         return [k for k, _ in sorted(((k, u) for k, u in kids if u is not None), key=lambda t: t[1])]
 
     def is_stack(fqn: str) -> bool:
-        """A container of same-type blocks run in order, or a module holding one at any depth (Swin/ConvNeXt
-        ``stages.i.blocks``, BERT's ``bert.encoder.layer``)."""
+        """A container of blocks run in order (a Sequential of one block type; a ModuleList of any, as hybrid
+        language models mix attention and linear-attention layers), or a module holding one at any depth
+        (Swin/ConvNeXt ``stages.i.blocks``, BERT's ``bert.encoder.layer``)."""
         mod = modules[fqn]
         kids = called_children(fqn)
+        if isinstance(mod, nn.ModuleList):
+            return len(kids) >= 1
         if isinstance(mod, _CONTAINERS):
             return len(kids) >= 1 and len({type(modules[k]) for k in kids}) == 1
         return any(is_stack(k) if not isinstance(modules[k], _CONTAINERS) else len(called_children(k)) >= 2 and is_stack(k)

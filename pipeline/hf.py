@@ -53,7 +53,10 @@ def _config(model_type: str, kwargs: dict[str, Any]) -> Any:
         raise PipesplitError(f"unknown transformers model type {model_type!r}{hint}: use hf:<type> with a type from "
                              "transformers.CONFIG_MAPPING, e.g. hf:gpt2, hf:llama, hf:bert")
     cls = CONFIG_MAPPING[model_type]
-    known = set(cls().to_dict()) | set(getattr(cls, "attribute_map", {}))
+    try:
+        known = set(cls().to_dict()) | set(getattr(cls, "attribute_map", {}))
+    except Exception:  # noqa: BLE001 - a config whose own defaults fail its checks: the call below says what
+        known = set(kwargs)
     unknown = [k for k in kwargs if k not in known]
     if unknown:
         close = difflib.get_close_matches(unknown[0], sorted(known), n=3, cutoff=0.6)
@@ -113,7 +116,7 @@ def hf_input(model_type: str, kwargs: dict[str, Any], seq_len: int | None) -> HF
     n = 128 if seq_len is None else seq_len
     if n < 1:
         raise PipesplitError(f"--seq-len must be a positive integer (got {n})")
-    if isinstance(limit, int) and n > limit:
+    if isinstance(limit, int) and 0 < limit < n:  # -1 (XLNet): no limit
         raise PipesplitError(f"--seq-len {n} is over hf:{model_type}'s maximum of {limit} positions: use at most "
                              f"{limit}, or raise it in --model-kwargs (max_position_embeddings)")
     vocab = getattr(config, "vocab_size", None)
@@ -123,15 +126,31 @@ def hf_input(model_type: str, kwargs: dict[str, Any], seq_len: int | None) -> HF
     return HFInput(seq_len=n, vocab=vocab)
 
 
-def check_runs(model: nn.Module, model_type: str, vocab: int) -> None:
-    """Run the model once on two tokens: a type that needs more than token ids is one line at the start."""
+NEEDS_INPUTS = ("decoder_input", "required positional argument", "pixel_values", "input_features", "language",
+                "inputs_embeds", "image")
+"""Words of an error that says the model wants inputs besides token ids (rather than failing on its config)."""
+
+
+def check_runs(model: nn.Module, model_type: str, vocab: int, kwargs: dict[str, Any] | None = None) -> None:
+    """Run the model once on two tokens: a type that needs more than token ids, or whose config cannot run,
+    is one line at the start that says which of the two it is."""
     ids = torch.randint(0, vocab, (1, 2))
     try:
         with torch.no_grad():
             out = model(ids)
-    except Exception as e:  # noqa: BLE001 - e.g. an encoder-decoder that needs decoder_input_ids
-        raise PipesplitError(f"hf:{model_type} does not run on token ids alone ({one_line(e)}): wrap it in a "
-                             "--model-factory that builds its inputs") from None
+    except Exception as e:  # noqa: BLE001 - classified below: the user's kwargs or the model's inputs
+        config = getattr(model, "config", None)
+        if getattr(config, "is_encoder_decoder", False):
+            raise PipesplitError(f"hf:{model_type} is an encoder-decoder: its decoder needs token ids of its own, "
+                                 "so it does not run on token ids alone; use a --model-factory that returns (model, "
+                                 "(ids, decoder_ids)), as tests/factories/t5.py does (README: encoder-decoder "
+                                 "models)") from None
+        if any(w in str(e) for w in NEEDS_INPUTS):
+            raise PipesplitError(f"hf:{model_type} does not run on token ids alone ({one_line(e)}): wrap it in a "
+                                 "--model-factory that builds its inputs") from None
+        raise PipesplitError(f"hf:{model_type} failed on its own config with --model-kwargs {kwargs or {}} "
+                             f"({one_line(e)}): the model cannot run these settings; check them against "
+                             f"{type(config).__name__} (e.g. num_key_value_heads must divide num_attention_heads)") from None
     if not isinstance(out, torch.Tensor):
         raise PipesplitError(f"hf:{model_type}'s first output is a {type(out).__name__}, not a tensor: wrap it in a "
                              "--model-factory whose model returns one tensor")

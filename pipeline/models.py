@@ -107,7 +107,7 @@ def resolve_spec(
         tokens = hf_input(name, kwargs, seq_len)
         spec = ModelSpec(batch_size=32 if batch_size is None else batch_size, input_shape=(tokens.seq_len,),
                          input_dtype="int64", input_high=tokens.vocab, **common)
-        check_runs(_create(spec), name, tokens.vocab)
+        check_runs(_create(spec), name, tokens.vocab, kwargs)
         return spec
     if source == "factory":
         from pipeline.factory import factory_input

@@ -122,3 +122,36 @@ def test_model_and_factory_together_are_refused(capsys):
 
     assert main(["--model", "hf:gpt2", "--model-factory", "x:y", "--stages", "2", "--policy", "uniform"]) == 2
     assert "both name a model" in capsys.readouterr().err
+
+
+FAMILIES_EVERYONE_USES = {"gpt2", "llama", "mistral", "qwen2", "gemma", "mixtral", "phi", "gpt_neox", "falcon", "bloom",
+                          "gptj", "opt", "blenderbot", "olmo_hybrid"}
+
+
+@pytest.mark.slow
+def test_every_causal_lm_family_that_builds_and_runs_is_cut_at_its_blocks(capsys):
+    """transformers' causal-LM families at tiny sizes: every one that builds and runs on token ids has its
+    stacked blocks as candidates (a wrapper never called, Blenderbot's and OPT's decoder-only ``model``, and
+    a hybrid stack of mixed layer types included); the rest are named with the reason."""
+    from tests.hf_families import causal_lm_types, sweep
+
+    table = sweep(causal_lm_types())
+    with capsys.disabled():
+        print("\n" + "\n".join(f"  {mt:28s} {v:16s} {d}" for mt, (v, d) in sorted(table.items())))
+    ok = {mt for mt, (v, _) in table.items() if v == "ok"}
+    assert FAMILIES_EVERYONE_USES <= ok, {mt: table[mt] for mt in FAMILIES_EVERYONE_USES - ok}
+    for mt in ok:
+        assert "stacked blocks" in table[mt][1] and not table[mt][1].startswith(("0 ", "1 ")), (mt, table[mt])
+    assert all(v in ("ok", "looped", "refused", "does not build", "does not shrink") for v, _ in table.values())
+    assert not [mt for mt, (v, d) in table.items() if v == "refused" and "no place to cut" in d]
+
+
+def test_a_config_the_model_cannot_run_is_named_as_such_and_an_encoder_decoder_points_to_a_factory():
+    bad = {**LLAMA, "num_attention_heads": 4, "hidden_size": 32, "num_key_value_heads": 3}
+    with pytest.raises(PipesplitError, match=r"hf:llama failed on its own config with --model-kwargs .*num_key_value_heads"
+                                             r".*check them against LlamaConfig") as e:
+        resolve_spec("hf:llama", kwargs=bad, batch_size=2, seq_len=8)
+    assert "--model-factory" not in str(e.value)
+    t5 = {"num_layers": 1, "d_model": 32, "d_ff": 64, "num_heads": 2, "d_kv": 16, "vocab_size": 128}
+    with pytest.raises(PipesplitError, match=r"hf:t5 is an encoder-decoder.*tests/factories/t5.py"):
+        resolve_spec("hf:t5", kwargs=t5, batch_size=2, seq_len=8)
