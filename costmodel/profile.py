@@ -243,7 +243,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from pipeline.logs import quiet_logs
 
     quiet_logs()
-    from pipeline.cli import Parser, add_model_args, spec_from_args
+    from pipeline.cli import Parser, add_model_args, positive_int, spec_from_args
     from pipeline.core.atomic import write_json
 
     p = Parser(prog="python -m costmodel.profile", description=__doc__,
@@ -251,7 +251,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                                 epilog="example:\n  python -m costmodel.profile --threads 1 --out deit_profile.json")
     add_model_args(p)
     p.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
-    p.add_argument("--threads", type=int, default=1, help="intra-op threads, as each stage will use (default 1)")
+    p.add_argument("--threads", type=positive_int, default=1, help="intra-op threads, as each stage will use (default 1)")
     p.add_argument("--micro-sizes", default=None, help="comma-separated microbatch sizes (default: divisors of batch)")
     p.add_argument("--repeats", type=int, default=3, help="timed repeats per size (default 3; median kept)")
     p.add_argument("--stages", type=int, default=1,

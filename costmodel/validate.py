@@ -126,7 +126,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from tqdm import tqdm
 
     from costmodel.profile import add_cache_args, load_for_stages
-    from pipeline.cli import Parser, add_model_args, spec_from_args
+    from pipeline.cli import Parser, add_model_args, positive_int, spec_from_args
     from pipeline.core.plan import (
         MODES,
         OPTIMIZERS,
@@ -150,13 +150,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--chunks", default=None, help="comma-separated chunk counts, each dividing the batch (default: "
                    f"those of {','.join(map(str, DEFAULT_CHUNKS))} that divide it)")
     p.add_argument("--cuts", type=int, default=5, help="how many cut placements to try (default 5)")
-    p.add_argument("--threads-per-stage", type=int, default=1)
+    p.add_argument("--threads-per-stage", type=positive_int, default=1)
     p.add_argument("--backend", default="torch", choices=("torch", "pippy"))
     p.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     p.add_argument("--schedule", default="GPipe", choices=SCHEDULES,
                    help="the schedule of every plan (default GPipe); with --mode train every schedule is priced "
                    "by replaying the action order torch ran for it, forward-only GPipe and 1F1B by the flow shop")
-    p.add_argument("--stages-per-rank", type=int, default=1, metavar="V",
+    p.add_argument("--stages-per-rank", type=positive_int, default=1, metavar="V",
                    help="stages per rank for the multi-stage schedules (--stages counts ranks)")
     p.add_argument("--mode", default="infer", choices=MODES,
                    help="'train' times whole training steps and prices them from a training profile (each segment's "

@@ -22,6 +22,18 @@ class Parser(argparse.ArgumentParser):
         self.exit(2, f"error: {message} (see {self.prog} --help)\n")
 
 
+def positive_int(text: str) -> int:
+    """argparse type of a count that has no meaning at 0 (threads, stages per rank): one line otherwise."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer: give a positive one, e.g. 2") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer (got {value}): leave the flag out for "
+                                         "the default")
+    return value
+
+
 def add_model_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("model")
     g.add_argument("--model", default=None,
@@ -61,10 +73,10 @@ def add_runtime_args(p: argparse.ArgumentParser, *, search: bool = False) -> Non
     else:
         g.add_argument("--schedule", default=None, choices=SCHEDULES, help="pipeline schedule (default GPipe)")
     g.add_argument("--device", default=None, choices=DEVICES, help="cpu (gloo, default) or cuda (NCCL, a GPU per stage)")
-    g.add_argument("--threads-per-stage", type=int, default=None,
+    g.add_argument("--threads-per-stage", type=positive_int, default=None,
                    help="intra-op threads per stage process (default: cores // stages, at least 1)")
     if not search:
-        g.add_argument("--stages-per-rank", type=int, default=None, metavar="V",
+        g.add_argument("--stages-per-rank", type=positive_int, default=None, metavar="V",
                        help="virtual stages per rank for the multi-stage schedules (Interleaved1F1B, LoopedBFS, "
                             "InterleavedZeroBubble: any V; ZBVZeroBubble, DualPipeV: 2, training only); "
                             "--stages counts all stages")

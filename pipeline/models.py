@@ -6,6 +6,7 @@ Three sources: timm (the default), ``hf:<type>`` (``pipeline.hf``) and a user's 
 from __future__ import annotations
 
 import difflib
+import warnings
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -181,7 +182,9 @@ def _load_checkpoint(model: nn.Module, path: str, name: str) -> None:
     """Load a local state_dict into ``model``; a file that does not fit is one line naming the first
     missing and unexpected keys (or the first tensor whose shape differs)."""
     try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
+        with warnings.catch_warnings():  # torch's pickle-protocol warning would stand before our one line
+            warnings.simplefilter("ignore")
+            state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # noqa: BLE001 - any unreadable file is the user's input problem
         why = "not a file of tensors that torch.load(weights_only=True) accepts" if "Unpickl" in type(e).__name__ \
             else _first(e)

@@ -139,12 +139,27 @@ def test_a_bad_plan_field_is_one_line_naming_field_value_and_type(tmp_path, caps
     (["--stages", "2", "--policy", "uniform", "--chunks", "a"], "argument --chunks: invalid int value: 'a'"),
     (["--split-points", "blocks.1,blocks.1"], "split point blocks.1:BEGINNING is repeated"),
     (["--stages", "2", "--policy", "uniform", "--out", "/proc/no/such/out.json"], "cannot write /proc/no/such/out.json"),
+    (["--stages", "2", "--policy", "uniform", "--stages-per-rank", "0"],
+     "argument --stages-per-rank: must be a positive integer (got 0)"),
+    (["--stages", "2", "--policy", "uniform", "--threads-per-stage", "0"],
+     "argument --threads-per-stage: must be a positive integer (got 0)"),
 ])
 def test_more_bad_flags_are_one_line(capsys, argv, message):
     with contextlib.suppress(SystemExit):
         assert main([*TINY_VIT_ARGS, *argv]) == 2
     err = capsys.readouterr().err
     assert message in err and err.count("\n") == 1, err
+
+
+def test_a_pickle_that_is_no_state_dict_is_one_line_without_torchs_warnings(tmp_path):
+    import pickle
+
+    ckpt = tmp_path / "list.pkl"
+    ckpt.write_bytes(pickle.dumps([1, 2], protocol=4))  # torch.load warns about the protocol before refusing it
+    proc = subprocess.run([sys.executable, "-m", "pipeline.run", *TINY_VIT_ARGS, "--checkpoint", str(ckpt), "--stages",
+                           "2", "--policy", "uniform"], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2
+    assert proc.stderr.startswith(f"error: checkpoint {ckpt} could not be read") and proc.stderr.count("\n") == 1, proc.stderr
 
 
 def test_a_checkpoint_that_does_not_fit_names_its_first_missing_and_unexpected_keys(tmp_path, capsys):
