@@ -9,6 +9,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
+from pipeline.core.result import OutputCheck
+
 __all__ = ["ErrorReply", "LinkReply", "Lost", "Ready", "Reply", "SegmentReply", "TrialOptions", "TrialReply"]
 
 
@@ -94,6 +96,8 @@ class TrialReply:
     """Memory held as a timed run started (the least over runs)."""
     phases: tuple[float, float, float, float] = (0.0, 0.0, 0.0, 0.0)
     """Seconds this rank spent to build (until every rank had built), check, warm up and time."""
+    check: OutputCheck | None = None
+    """What the check compared and its worst tensor (the same on every rank)."""
     work_events: tuple[tuple[str, float, float], ...] = ()
     """The schedule's actions in the last run as (``0F1``-style name, start, end), on the compute spans' base."""
     actions: tuple[str, ...] = ()

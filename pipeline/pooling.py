@@ -107,6 +107,7 @@ def result_from_replies(plan: SplitPlan, replies: Sequence[Reply], wall: float) 
         work_events=tuple(tuple((str(n), a, b) for n, a, b in ev) for ev in _aligned(ranks, "work_events")),
         max_abs_diff=ranks[-1].max_abs_diff,
         tolerance=ranks[-1].tolerance,
+        check=ranks[-1].check,
         build_s=max(d.build_s for d in ranks),
         wall_s=wall,
         busy_s=max(d.busy_s for d in ranks),

@@ -64,8 +64,9 @@ class RankState:
         """The model's exports, reused to build torch-backend stages (``pipeline.traces``)."""
         self.peak = Peak(self.device)
         self.comm: CommClock | None = None
-        self.kept: tuple[str, Any, float, float, int] | None = None
-        """(plan identity, built stage, output difference, tolerance, bytes sent) kept by a trial for a resumed one."""
+        self.kept: tuple[str, Any, float, float, int, Any] | None = None
+        """(plan identity, built stage, output difference, tolerance, bytes sent, its OutputCheck) kept by a
+        trial for a resumed one."""
         hook_torch_p2p(self)
 
     def sync(self) -> None:

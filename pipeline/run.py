@@ -175,7 +175,9 @@ def format_result(result: TrialResult) -> str:
         sent = f"{result.boundary_bytes[r] / 2**20:9.2f}" if r < len(result.boundary_bytes) else "        -"
         adds = (result.peak_mem_bytes[r] - result.base_mem_bytes[r]) / 2**20 if result.base_mem_bytes else float("nan")
         lines.append(f"{r:5d}  {c:9.3f}  {w:11.3f}  {result.peak_mem_bytes[r] / 2**20:12.0f}  {adds:13.0f}  {sent}")
-    if result.plan.mode == "train":
+    if result.check is not None:
+        lines.append(result.check.describe())
+    elif result.plan.mode == "train":
         lines.append(f"training step check (loss and every gradient vs the serial step; the worst, relative to its "
                      f"scale): max |diff| {result.max_abs_diff:.2e} <= {result.tolerance:.1e}")
     else:

@@ -27,6 +27,7 @@ import torch.distributed as dist
 from pipeline.batch import Batch, example_input, rows
 from pipeline.core.errors import PipesplitError, one_line
 from pipeline.core.plan import SplitPlan
+from pipeline.core.result import OutputCheck
 from pipeline.instrument import CommClock, CommSpan, ComputeClock, Span, hook_pippy_p2p, quiet_stderr, since
 from pipeline.messages import ErrorReply, TrialOptions, TrialReply
 from pipeline.rank import RankState
@@ -67,24 +68,35 @@ def _target(plan: SplitPlan, model: Any, x: Batch) -> torch.Tensor:
     return make_target(plan.model, x, torch.empty(shape, dtype=out.dtype, device=out.device))
 
 
+def _ratio(v: tuple[float, float, str, str]) -> float:
+    return v[0] / v[1] if v[0] == v[0] else float("inf")
+
+
 def _check_step(state: RankState, plan: SplitPlan, stage: BuiltStage, losses: Any, model: Any, x: Batch,
-                target: torch.Tensor) -> tuple[float, float, str]:
-    """(difference, tolerance, what differs) of the worst of the pipeline step's loss and every rank's
-    gradients against the serial step from the same weights, the same on every rank."""
+                target: torch.Tensor) -> tuple[float, float, str, OutputCheck]:
+    """(difference, tolerance, what differs, what was compared) of the worst of the pipeline step's loss and
+    every rank's gradients against the serial step from the same weights, the same on every rank."""
     ref = state.reference(plan.model, model, x, target)
     rtol = 1e-3 if plan.model.dtype == "float32" else 5e-2
     worst = check_grads(stage.params, ref, rtol)
-    mine = (worst.diff, worst.tol, f"gradient of {worst.name} differs from the unsplit model's")
+    grad = (worst.diff, worst.tol, f"gradient of {worst.name} differs from the unsplit model's", worst.name)
+    loss = None
     if state.rank == plan.last_rank:
         got = float(torch.stack([v.detach().float() for v in losses]).mean()) if losses else float("nan")
         ltol = rtol * max(1.0, abs(ref.loss))
-        loss = (abs(got - ref.loss), ltol, f"loss {got:.6g} differs from the unsplit model's {ref.loss:.6g}")
-        if not loss[0] / loss[1] <= mine[0] / mine[1]:
-            mine = loss
+        loss = (abs(got - ref.loss), ltol, f"loss {got:.6g} differs from the unsplit model's {ref.loss:.6g}", "loss")
     every: list[Any] = [None] * state.world
-    dist.all_gather_object(every, mine)
-    diff, tol, what = max(every, key=lambda v: v[0] / v[1] if v[0] == v[0] else float("inf"))
-    return float(diff), float(tol), str(what)
+    dist.all_gather_object(every, (grad, loss, len(stage.params)))
+    grads = [g for g, _, n in every if n]
+    losses_seen = [lo for _, lo, _ in every if lo is not None]
+    diff, tol, what, name = max(grads + losses_seen, key=_ratio)
+    worst_grad = max(grads, key=_ratio) if grads else None
+    check = OutputCheck(compared="loss and gradients", gradients=sum(n for _, _, n in every),
+                        worst=worst_grad[3] if worst_grad else name,
+                        diff=float(worst_grad[0] if worst_grad else diff), tolerance=float(worst_grad[1] if worst_grad else tol),
+                        loss_diff=float(losses_seen[0][0]) if losses_seen else None,
+                        loss_tolerance=float(losses_seen[0][1]) if losses_seen else None)
+    return float(diff), float(tol), str(what), check
 
 
 def _gather(state: RankState, flag: bool) -> list[bool]:
@@ -150,6 +162,7 @@ def run_trial(state: RankState, plan: SplitPlan, opts: TrialOptions) -> TrialRep
     trace = None
     checked = kept is not None  # the output check passed when a kept stage was built, in the trial that kept it
     diff, tol, out_bytes = (kept[2], kept[3], kept[4]) if kept is not None else (float("nan"), float("nan"), 0)
+    check: OutputCheck | None = kept[5] if kept is not None else None
     check_in_loop = 0.0
     peak, base = 0, 2**62
     work_events: list[CommSpan] = []
@@ -166,11 +179,12 @@ def run_trial(state: RankState, plan: SplitPlan, opts: TrialOptions) -> TrialRep
                 out_bytes = 0 if last else clock.out_bytes
                 if train:
                     assert target is not None
-                    diff, tol, what = _check_step(state, plan, stage, y, model, x, target)
+                    diff, tol, what, check = _check_step(state, plan, stage, y, model, x, target)
                     if stage.update is not None:
                         stage.update()
                 else:
                     diff, tol = _check_output(state, plan, y, model, x)
+                    check = OutputCheck(diff=diff, tolerance=tol)
                     what = "pipeline output differs from the unsplit model"
                 checked = True
                 if not diff <= tol:
@@ -204,6 +218,7 @@ def run_trial(state: RankState, plan: SplitPlan, opts: TrialOptions) -> TrialRep
                     t_c = time.perf_counter()
                     out_bytes = 0 if last else clock.out_bytes
                     diff, tol = _check_output(state, plan, y, model, x)
+                    check = OutputCheck(diff=diff, tolerance=tol)
                     checked = True
                     check_in_loop += time.perf_counter() - t_c
                     if not diff <= tol:
@@ -214,11 +229,11 @@ def run_trial(state: RankState, plan: SplitPlan, opts: TrialOptions) -> TrialRep
             if opts.trace_dir:
                 trace = _trace(state, stage, x, clock, comm, opts.trace_dir)
             if opts.keep:
-                state.kept = (identity, stage, diff, tol, out_bytes)
+                state.kept = (identity, stage, diff, tol, out_bytes, check)
     finally:
         clock.close()
         state.comm = None
-    return TrialReply(rank=rank, build_s=build_s, out_bytes=out_bytes, max_abs_diff=diff, tolerance=tol,
+    return TrialReply(rank=rank, build_s=build_s, out_bytes=out_bytes, max_abs_diff=diff, tolerance=tol, check=check,
                       serial_s=tuple(serial), serial_all_s=tuple(serial_all), pipeline_s=tuple(pipe),
                       compute_s=tuple(compute), comm_s=tuple(waits), events=tuple(events),
                       comm_events=tuple(comm_events), t0=t0_abs, host=socket.gethostname(),

@@ -99,7 +99,7 @@ def export(study: optuna.Study, ctx: SearchContext, outdir: Path, *, confirmatio
         meas = result.measured() if result is not None else {
             "ok": True, "speedup": speedup_of(t), **{k: t.user_attrs.get(k) for k in (
                 "speedup_spread", "serial_s", "pipeline_s", "stage_compute_s", "stage_comm_s", "boundary_bytes",
-                "peak_mem_bytes", "base_mem_bytes", "max_abs_diff")}}
+                "peak_mem_bytes", "base_mem_bytes", "max_abs_diff", "check")}}
         row = confirmation.row(best_no) if confirmation else None
         if row and row.speedups:
             meas["speedup"] = row.median

@@ -238,7 +238,7 @@ def result_attrs(result: TrialResult) -> dict[str, Any]:
         return {"fail_reason": result.reason}
     m = result.measured()
     keep = ("speedup_spread", "serial_s", "pipeline_s", "stage_compute_s", "stage_comm_s", "boundary_bytes",
-            "peak_mem_bytes", "base_mem_bytes", "max_abs_diff")
+            "peak_mem_bytes", "base_mem_bytes", "max_abs_diff", "check")
     return {**{k: m[k] for k in keep}, "measured_s": statistics.median(result.pipeline_s), "output_check": "ok",
             "trial_wall_s": result.wall_s, "speedup": result.speedup, "speedups": list(result.speedups),
             **({"breakdown": m["breakdown"]} if m.get("breakdown") else {}),

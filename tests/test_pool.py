@@ -22,6 +22,7 @@ def test_two_stage_trial_matches_unsplit_model(pool2, tiny_spec, backend):
     r = pool2.run(plan(tiny_spec, backend), repeats=2, warmup=1)
     assert r.ok, r.reason
     assert r.max_abs_diff <= r.tolerance
+    assert r.check is not None and (r.check.compared, r.check.worst, r.check.diff) == ("output", "output", r.max_abs_diff)
     assert len(r.serial_s) == len(r.pipeline_s) == len(r.serial_all_s) == 2
     assert all(t > 0 for t in r.pipeline_s + r.serial_s)
     assert len(r.stage_compute_s) == 2 and all(c > 0 for c in r.stage_compute_s)

@@ -101,6 +101,11 @@ def test_a_two_rank_training_step_equals_the_serial_step(pool2, tiny_spec, sched
     r = pool2.run(plan, repeats=2, warmup=1, serial_all=False)
     assert r.ok, r.reason
     assert r.max_abs_diff <= r.tolerance and len(r.serial_s) == len(r.pipeline_s) == 2
+    # the result says what its check covered: the loss and the gradient of every parameter, the worst by name
+    names = {n for n, p in build_model(tiny_spec).named_parameters()}
+    c = r.check
+    assert c is not None and (c.compared, c.gradients) == ("loss and gradients", len(names))
+    assert c.worst in names and c.diff <= c.tolerance and c.loss_diff is not None and c.loss_diff <= c.loss_tolerance
     assert all(s > 0 for s in r.serial_s) and all(m > 0 for m in r.peak_mem_bytes)
     assert all(0 < b <= m for b, m in zip(r.base_mem_bytes, r.peak_mem_bytes))
 
@@ -127,7 +132,11 @@ def test_tied_embeddings_on_two_stages_train_with_summed_gradients(tmp_path, cap
                  "--repeats", "1", "--warmup", "0", "--no-serial-all", "--out", str(out)]) == 0
     doc = json.loads(out.read_text())
     assert doc["mode"] == "train" and doc["measured"]["max_abs_diff"] <= doc["measured"]["tolerance"]
-    assert "training" in capsys.readouterr().out
+    check = doc["measured"]["check"]
+    # the tied lm_head/wte weight is one parameter on each stage: both copies' gradients are compared
+    assert check["compared"] == "loss and gradients" and check["gradients"] >= 2 and check["loss_diff"] is not None
+    out = capsys.readouterr().out
+    assert f"{check['gradients']} gradients; the worst (relative to its scale) {check['worst']}" in out
 
 
 @pytest.mark.slow

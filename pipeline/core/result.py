@@ -20,6 +20,40 @@ def median(xs: list[float] | tuple[float, ...]) -> float:
 
 
 @dataclass(frozen=True, kw_only=True)
+class OutputCheck:
+    """What a trial's check compared with the unsplit model, so that a result says what it covered."""
+
+    compared: str = "output"
+    """``output`` (inference: the pipeline's output tensor) or ``loss and gradients`` (a training step)."""
+    gradients: int = 0
+    """Gradient tensors compared, over every rank's stage (training)."""
+    worst: str = "output"
+    """The tensor furthest from the unsplit model's, relative to its tolerance: ``output``, ``loss`` or a
+    parameter's name (whose gradient it is)."""
+    diff: float = float("nan")
+    """That tensor's max |pipeline - unsplit|."""
+    tolerance: float = float("nan")
+    """What the check allowed it."""
+    loss_diff: float | None = None
+    """|pipeline loss - unsplit loss| (training)."""
+    loss_tolerance: float | None = None
+
+    def describe(self) -> str:
+        """One line: what was compared, and the worst of it against its tolerance."""
+        if self.compared == "output":
+            return f"output check: max |diff| {self.diff:.2e} <= {self.tolerance:.1e}"
+        loss = (f"loss |diff| {self.loss_diff:.2e} <= {self.loss_tolerance:.1e}, "
+                if self.loss_diff is not None and self.loss_tolerance is not None else "")
+        return (f"training step check vs the serial step: {loss}{self.gradients} gradients; the worst "
+                f"(relative to its scale) {self.worst}: max |diff| {self.diff:.2e} <= {self.tolerance:.1e}")
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> OutputCheck:
+        names = set(cls.__dataclass_fields__)
+        return cls(**{k: v for k, v in d.items() if k in names})
+
+
+@dataclass(frozen=True, kw_only=True)
 class Breakdown:
     """Where a trial's wall time went, in seconds: the slowest rank's phases, then the driver's own time.
 
@@ -104,6 +138,8 @@ class TrialResult:
     """Largest |pipeline output - unsplit model output|."""
     tolerance: float = float("nan")
     """The difference the output check allowed."""
+    check: OutputCheck | None = None
+    """What the check compared (output, or loss and every gradient) and its worst tensor."""
     build_s: float = float("nan")
     """Slowest rank's time to trace the model and build its stage."""
     wall_s: float = float("nan")
@@ -180,6 +216,8 @@ class TrialResult:
         args["traces"] = tuple(args.get("traces", ()))
         if isinstance(args.get("breakdown"), dict):
             args["breakdown"] = Breakdown(**args["breakdown"])
+        if isinstance(args.get("check"), dict):
+            args["check"] = OutputCheck.from_dict(args["check"])
         return cls(**args)
 
     @classmethod
@@ -212,6 +250,6 @@ def merged(parts: list[TrialResult]) -> TrialResult:
     return replace(last, serial_s=joined("serial_s"), serial_all_s=joined("serial_all_s"),
                    pipeline_s=joined("pipeline_s"), stage_compute_s=weighted("stage_compute_s"),
                    stage_comm_s=weighted("stage_comm_s"), peak_mem_bytes=peaks, base_mem_bytes=bases,
-                   max_abs_diff=first.max_abs_diff,
+                   max_abs_diff=first.max_abs_diff, check=first.check,
                    tolerance=first.tolerance, build_s=first.build_s, wall_s=sum(p.wall_s for p in parts),
                    busy_s=sum(p.busy_s for p in parts), boundary_bytes=first.boundary_bytes, breakdown=breakdown)
