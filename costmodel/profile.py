@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import os
 import statistics
 import sys
 from collections.abc import Sequence
@@ -26,14 +27,14 @@ import torch
 
 from costmodel.flops import count_flops
 from costmodel.link import fit_link
-from costmodel.types import Link, Machine, Profile, Segment
+from costmodel.types import PROFILE_DIR_ENV, Link, Machine, Profile, Segment
 from pipeline.batch import example_input, rows
 from pipeline.candidates import find_candidates
 from pipeline.core.errors import PipesplitError
 from pipeline.core.spec import ModelSpec
+from pipeline.launch import open_pool
 from pipeline.messages import SegmentReply
 from pipeline.models import build_model
-from pipeline.pool import StagePool
 from pipeline.probes import SegmentRunner, stage_targets, time_segments, trace_all_cuts
 
 PROFILE_DIR = Path("results/profiles")
@@ -76,7 +77,7 @@ def cache_path(spec: ModelSpec, key: str, root: Path = PROFILE_DIR) -> Path:
 
 def measure_link(device: str, sizes: Sequence[int], repeats: int = 5) -> Link:
     """Ping-pong between two ranks of the real backend (gloo on CPU, NCCL on CUDA)."""
-    with StagePool(2, device=device, threads_per_stage=1, quiet=True) as pool:
+    with open_pool(2, device=device, threads_per_stage=1, quiet=True) as pool:
         samples = pool.measure_link(list(sizes), repeats)
     return fit_link(samples, "nccl" if device == "cuda" else "gloo")
 
@@ -99,7 +100,7 @@ def profile_model(spec: ModelSpec, *, device: str = "cpu", threads: int = 1, gra
     if concurrency > 1:
         # a search's own pool (same stage count) is reused: under torchrun it is the only one there is
         own = pool is not None and pool.stages == concurrency
-        with nullcontext(pool) if own else StagePool(concurrency, device=device, threads_per_stage=threads,
+        with nullcontext(pool) if own else open_pool(concurrency, device=device, threads_per_stage=threads,
                                                      quiet=True) as p:
             ranks = p.profile(spec, granularity, micro, repeats, warmup)
             samples = p.measure_link(_link_sizes(ranks[0], micro)) if link is None else None
@@ -236,7 +237,8 @@ def format_profile(prof: Profile) -> str:
 def add_cache_args(p: argparse.ArgumentParser) -> None:
     """``--reprofile`` and ``--cache-dir``, for every command that loads a profile from the cache."""
     p.add_argument("--reprofile", action="store_true", help="measure again even if a cached profile exists")
-    p.add_argument("--cache-dir", default=str(PROFILE_DIR), help=f"profile cache folder (default {PROFILE_DIR})")
+    p.add_argument("--cache-dir", default=os.environ.get(PROFILE_DIR_ENV) or str(PROFILE_DIR),
+                   help=f"profile cache folder (default ${PROFILE_DIR_ENV}, else {PROFILE_DIR})")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -11,6 +11,9 @@ PROFILE_VERSION = 4
 a segment's input and output (3: segments timed alone plus a machine model; 2: small microbatch sizes
 timed over a whole batch of samples); older profiles are measured again."""
 
+PROFILE_DIR_ENV = "PIPESPLIT_PROFILE_DIR"
+"""Environment variable naming a profile cache that every command and results directory shares."""
+
 
 @dataclass(frozen=True, kw_only=True)
 class Segment:

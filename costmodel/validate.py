@@ -138,7 +138,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         schedule_chunks,
     )
     from pipeline.hosts import available_cores
-    from pipeline.pool import StagePool
+    from pipeline.launch import open_pool
     from pipeline.rounds import interleaved
 
     p = Parser(prog="python -m costmodel.validate", description=__doc__,
@@ -181,19 +181,21 @@ def main(argv: Sequence[str] | None = None) -> int:
                                  per, mode=args.mode)
         if args.repeats < 1 or args.rounds < 1:
             raise PipesplitError(f"--repeats {args.repeats} and --rounds {args.rounds} must be at least 1")
-        prof, _ = load_for_stages(spec, stages=args.stages, device=args.device, threads=args.threads_per_stage,
-                                  granularity=args.granularity, reprofile=args.reprofile, root=Path(args.cache_dir),
-                                  train=train)
-        grid = [(cuts, m) for cuts in _grid_cuts(len(prof.segments), args.stages * per, args.cuts) for m in chunks]
-        plans = [SplitPlan(model=spec, split_points=tuple(SplitPoint(prof.segments[c].fqn) for c in cuts), chunks=m,
-                           backend=args.backend, device=args.device, threads_per_stage=args.threads_per_stage,
-                           schedule=args.schedule, stages_per_rank=per, mode=args.mode, optimizer=args.optimizer)
-                 for cuts, m in grid]
-        # rounds interleave the plans, so a machine that drifts over the minutes a grid takes slows all alike
-        with StagePool(args.stages, device=args.device, threads_per_stage=args.threads_per_stage) as pool, \
-                tqdm(total=len(grid) * args.rounds, desc="real trials", unit="trial") as bar:
-            runs = interleaved(pool, plans, args.rounds, repeats=args.repeats, drop_failed=True,
-                               tick=lambda i, r: bar.update())
+        # one pool profiles (segments timed alone, then in every worker at once) and runs the grid
+        with open_pool(args.stages, device=args.device, threads_per_stage=args.threads_per_stage) as pool:
+            prof, _ = load_for_stages(spec, stages=args.stages, device=args.device, threads=args.threads_per_stage,
+                                      granularity=args.granularity, reprofile=args.reprofile, root=Path(args.cache_dir),
+                                      train=train, pool=pool)
+            grid = [(cuts, m) for cuts in _grid_cuts(len(prof.segments), args.stages * per, args.cuts) for m in chunks]
+            plans = [SplitPlan(model=spec, split_points=tuple(SplitPoint(prof.segments[c].fqn) for c in cuts),
+                               chunks=m, backend=args.backend, device=args.device,
+                               threads_per_stage=args.threads_per_stage, schedule=args.schedule, stages_per_rank=per,
+                               mode=args.mode, optimizer=args.optimizer)
+                     for cuts, m in grid]
+            # rounds interleave the plans, so a machine that drifts over the minutes a grid takes slows all alike
+            with tqdm(total=len(grid) * args.rounds, desc="real trials", unit="trial") as bar:
+                runs = interleaved(pool, plans, args.rounds, repeats=args.repeats, drop_failed=True,
+                                   tick=lambda i, r: bar.update())
         for i, why in runs.failures.items():
             print(f"failed: {plans[i].describe()}: {why}", file=sys.stderr)
         # the action order depends on the schedule, ranks, V and chunks, not on the cuts: the first run of each

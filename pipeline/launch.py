@@ -12,9 +12,12 @@ inside: a rank that fails mid-trial ends the run with its reason, and torchrun's
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import AbstractContextManager
 from datetime import timedelta
 from typing import Any
 
@@ -29,7 +32,7 @@ from pipeline.pooling import Pool, check_trial_args, link_samples, result_from_r
 from pipeline.protocol import Command, Configure, MeasureLink, ProfileSegments, RunTrial, Stop, handle
 from pipeline.rank import RankState, WorkerConfig, join_group
 
-__all__ = ["RankPool", "follow", "follower_exit", "open_pool", "release_followers", "torchrun_env"]
+__all__ = ["RankPool", "follow", "follower_exit", "lend_pool", "open_pool", "release_followers", "torchrun_env"]
 
 
 def _config(env: TorchrunEnv, device: str, threads: int, timeout_s: float) -> WorkerConfig:
@@ -189,8 +192,34 @@ def follow(device: str, threads: int | None, group_timeout_s: float = 600.0) -> 
     return code
 
 
-def open_pool(stages: int, *, device: str = "cpu", threads_per_stage: int | None = None, quiet: bool = False) -> Pool:
-    """The stage pool for this process: the torchrun ranks when launched by torchrun, else local workers."""
+_LENT: list[Pool] = []
+"""Started pools lent to every ``open_pool`` of this process that asks for their shape (``lend_pool``)."""
+
+
+@contextlib.contextmanager
+def lend_pool(pool: Pool) -> Iterator[Pool]:
+    """Lend a started pool to the commands this process runs (a program that drives several searches, or
+    a test session): an ``open_pool`` of its stages, device and threads uses it, and leaves it open."""
+    _LENT.append(pool)
+    try:
+        yield pool
+    finally:
+        _LENT.remove(pool)
+
+
+@contextlib.contextmanager
+def _borrowed(pool: Pool) -> Iterator[Pool]:
+    yield pool
+
+
+def open_pool(stages: int, *, device: str = "cpu", threads_per_stage: int | None = None,
+              quiet: bool = False) -> AbstractContextManager[Pool]:
+    """The stage pool for this process, to use in a ``with``: a pool lent to it (``lend_pool``) of this
+    shape, else the torchrun ranks when launched by torchrun, else new local workers."""
+    threads = threads_per_stage or default_threads(stages)
+    for lent in _LENT:
+        if (lent.stages, lent.device, lent.threads_per_stage) == (stages, device, threads):
+            return _borrowed(lent)
     if torchrun_env() is not None:
         return RankPool(stages, device=device, threads_per_stage=threads_per_stage, quiet=quiet)
     return StagePool(stages, device=device, threads_per_stage=threads_per_stage, quiet=quiet)

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import os
 from dataclasses import dataclass, field
 
+from costmodel.types import PROFILE_DIR_ENV
 from pipeline.cli import ModelArgs
 from pipeline.core.errors import PipesplitError
 from pipeline.core.plan import parse_chunks
@@ -14,6 +16,7 @@ from search.memory import parse_size
 __all__ = ["DEFAULT_CHUNKS", "DEFAULT_STORAGE", "SearchConfig", "default_study_name"]
 
 DEFAULT_STORAGE = "sqlite:///results/optuna.db"
+
 DEFAULT_CHUNKS = (1, 2, 4, 8, 16, 32)
 
 
@@ -52,6 +55,8 @@ class SearchConfig:
     out: str | None = None
     """The best split's path (default ``<results_dir>/<study>/best_split.json``)."""
     results_dir: str = "results"
+    profile_dir: str | None = None
+    """Where profiles are cached (None: ``$PIPESPLIT_PROFILE_DIR``, else ``<results_dir>/profiles``)."""
     progress: bool = True
     trace: bool = False
     """Run the confirmed best plan once more under torch.profiler (``--trace``, also spelt ``--profile``)."""
@@ -71,6 +76,11 @@ class SearchConfig:
     objectives: tuple[str, ...] = ("speedup",)
     """``("speedup", "memory")``: a two-objective study (speedup up, the largest stage's peak memory down)."""
     """Bytes a stage may peak at; a measured trial over it is infeasible (None: no limit)."""
+
+    @property
+    def profiles(self) -> str:
+        """The profile cache this study reads and writes."""
+        return self.profile_dir or os.environ.get(PROFILE_DIR_ENV) or os.path.join(self.results_dir, "profiles")
 
     def __post_init__(self) -> None:
         if self.stages < 2:
@@ -109,7 +119,7 @@ class SearchConfig:
                    min_trial_seconds=args.min_trial_seconds, trial_timeout_s=args.trial_timeout,
                    confirm_top=args.confirm_top, confirm_rounds=args.confirm_rounds, prune=not args.no_prune,
                    storage=args.storage, study_name=getattr(args, "study_name", None), out=getattr(args, "out", None),
-                   results_dir=args.results_dir, progress=not args.no_progress, trace=args.trace,
+                   results_dir=args.results_dir, profile_dir=args.profile_dir, progress=not args.no_progress, trace=args.trace,
                    artifact_dir=args.artifact_dir, artifacts=not args.no_artifacts, backend=args.backend or "torch",
                    schedules=parse_schedules(args.schedule), stages_per_rank=parse_per_rank(args.stages_per_rank),
                    device=args.device or "cpu",

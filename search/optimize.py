@@ -102,6 +102,9 @@ def build_parser(prog: str, description: str, epilog: str, *, sweep: bool = Fals
         s.add_argument("--study-name", default=None, help="default: <model>-s<stages>-b<batch>-<device>")
         s.add_argument("--out", default=None, help="best split JSON (default results/<study>/best_split.json)")
     s.add_argument("--results-dir", default="results", help="where results/<study>/ goes (default results)")
+    s.add_argument("--profile-dir", default=None, metavar="DIR",
+                   help="where the cost model's profiles are cached, shared by every study that names it (default "
+                   "$PIPESPLIT_PROFILE_DIR, else <results-dir>/profiles)")
     s.add_argument("--no-progress", action="store_true", help="no progress bar")
     add_output_args(p)
     return p
@@ -237,7 +240,7 @@ def run_study(cfg: SearchConfig, *, references: bool = False) -> StudyRun:
     with open_pool(stages, device=device, threads_per_stage=threads) as pool:
         prof, cached = load_for_stages(spec, stages=stages, device=device, threads=threads, granularity=granularity,
                                        micro_sizes=[spec.batch_size // c for c in chunks],
-                                       root=Path(cfg.results_dir) / "profiles", repeats=2, pool=pool,
+                                       root=Path(cfg.profiles), repeats=2, pool=pool,
                                        train=cfg.mode == "train")
         study.set_user_attr("segments", [seg.fqn for seg in prof.segments])
         if prof.machine is not None:

@@ -45,6 +45,22 @@ def pool2():
         yield pool
 
 
+@pytest.fixture(scope="session", autouse=True)
+def shared_pool_and_profiles(pool2, tmp_path_factory):
+    """Every command a test runs in this process uses the session's 2-stage pool (``lend_pool``), and every
+    search or validation, here or in a subprocess, one profile cache (``$PIPESPLIT_PROFILE_DIR``): a tiny
+    model is profiled once per shape, not once per test."""
+    import os
+
+    from costmodel.types import PROFILE_DIR_ENV
+    from pipeline.launch import lend_pool
+
+    os.environ[PROFILE_DIR_ENV] = str(tmp_path_factory.mktemp("profiles"))
+    with lend_pool(pool2):
+        yield
+    os.environ.pop(PROFILE_DIR_ENV, None)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

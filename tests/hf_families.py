@@ -101,3 +101,9 @@ def sweep(model_types: list[str]) -> dict[str, tuple[str, str]]:
         else:
             out[mt] = ("ok", f"{len(stacked)} stacked blocks of {len(blocks)}: {blocks[0]} .. {blocks[-1]}")
     return out
+
+
+def main() -> None:
+    """Print the sweep's table: each family, its verdict and why."""
+    for mt, (verdict, detail) in sorted(sweep(causal_lm_types()).items()):
+        print(f"{mt:28s} {verdict:16s} {detail}")

@@ -94,13 +94,26 @@ def test_dashboard_lists_the_study_and_its_trials(searched):
     (["--stages-per-rank", "two"], "--stages-per-rank 'two' is not a list of integers"),
     (["--max-stage-memory", "lots"], "--max-stage-memory 'lots' is not a positive size"),
 ])
-def test_bad_input_exits_non_zero_with_one_line(tmp_path, extra, message):
+def test_bad_input_exits_non_zero_with_one_line(tmp_path, capsys, extra, message):
     args = [*TINY_VIT_ARGS, "--stages", "2", "--storage", f"sqlite:///{tmp_path}/o.db", "--results-dir",
             str(tmp_path), "--no-progress", *extra]
+    try:
+        code = main(args)
+    except SystemExit as e:  # argparse's own refusals
+        code = e.code
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert message in err
+    assert err.count("\n") == 1 and "Traceback" not in err
+
+
+def test_bad_input_from_the_command_line_is_one_line_and_exit_2(tmp_path):
+    args = [*TINY_VIT_ARGS, "--stages", "40", "--storage", f"sqlite:///{tmp_path}/o.db", "--results-dir",
+            str(tmp_path), "--no-progress"]
     proc = subprocess.run([sys.executable, "-m", "search.optimize", *args], capture_output=True, text=True,
                           timeout=300)
     assert proc.returncode == 2, proc.stderr
-    assert message in proc.stderr
+    assert "--stages 40 is too many" in proc.stderr
     assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr
 
 

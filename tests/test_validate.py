@@ -19,7 +19,7 @@ def test_grid_cuts_spread_over_the_model():
 def test_real_grid_prints_table_and_writes_json(tmp_path, capsys):
     out = tmp_path / "v.json"
     code = main([*TINY_VIT_ARGS, "--stages", "2", "--chunks", "1,4", "--cuts", "2", "--repeats", "1", "--rounds", "2",
-                 "--cache-dir", str(tmp_path / "profiles"), "--out", str(out)])
+                 "--out", str(out)])
     assert code == 0
     text = capsys.readouterr().out
     assert "pipeline seconds: MAPE" in text and "speedup: MAPE" in text and "over 4 plans" in text
@@ -53,7 +53,7 @@ def test_noise_ceiling_compares_repeats_with_each_other_and_with_the_prediction(
 def test_the_default_chunks_fit_any_batch(tmp_path, capsys):
     """Batch 8 with no --chunks: the defaults that divide it (1, 4, 8) are used, 16 and 32 are not errors."""
     code = main([*TINY_VIT_ARGS, "--stages", "2", "--cuts", "1", "--repeats", "1", "--rounds", "1",
-                 "--cache-dir", str(tmp_path / "profiles")])
+                 ])
     out, err = capsys.readouterr()
     assert code == 0, err
     assert "over 3 plans" in out
@@ -72,7 +72,7 @@ def test_training_memory_per_rank_is_predicted_within_a_fifth_of_its_peak(tmp_pa
         out = tmp_path / f"{schedule}.json"
         code = main(["--model-factory", FACTORY, "--stages", "2", "--mode", "train", "--schedule", schedule,
                      "--chunks", "4", "--cuts", "2", "--repeats", "2", "--rounds", "1",
-                     "--cache-dir", str(tmp_path / "profiles"), "--out", str(out)])
+                     "--out", str(out)])
         text = capsys.readouterr().out
         assert code == 0
         assert "memory a step adds per rank" in text and "peak memory per rank, predicted" in text
