@@ -257,7 +257,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--micro-sizes", default=None, help="comma-separated microbatch sizes (default: divisors of batch)")
     p.add_argument("--repeats", type=int, default=3, help="timed repeats per size (default 3; median kept)")
     p.add_argument("--stages", type=int, default=1,
-                   help="time the segments in this many stage workers at once, as a pipeline of that many stages "
+                   help="time the segments in this many stage workers at once, as a pipeline of that many ranks "
                    "would run them (default 1: alone)")
     p.add_argument("--train", action="store_true",
                    help="also time each segment's backward (whole, input grad, weight grad) and an AdamW step, "

@@ -133,6 +133,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         SCHEDULES,
         SplitPlan,
         SplitPoint,
+        check_ranks,
         choose_chunks,
         parse_chunks,
         schedule_chunks,
@@ -146,7 +147,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                                 epilog="examples:\n  python -m costmodel.validate --stages 2 --chunks 1,4,8,16,32\n"
                                 "  python -m costmodel.validate --stages 2 --mode train --schedule 1F1B --chunks 2,4,8")
     add_model_args(p)
-    p.add_argument("--stages", type=int, default=2)
+    p.add_argument("--stages", type=int, default=2,
+                   help="the pipeline's ranks (default 2), as in every command; with --stages-per-rank V each plan "
+                   "is cut into stages x V pieces")
     p.add_argument("--chunks", default=None, help="comma-separated chunk counts, each dividing the batch (default: "
                    f"those of {','.join(map(str, DEFAULT_CHUNKS))} that divide it)")
     p.add_argument("--cuts", type=int, default=5, help="how many cut placements to try (default 5)")
@@ -170,6 +173,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--out", default=None, help="also write every plan's predicted and measured numbers as JSON here")
     args = p.parse_args(argv)
     try:
+        check_ranks(args.stages, args.stages_per_rank)
         spec = spec_from_args(args)
         per = args.stages_per_rank
         train = args.mode == "train"
@@ -222,7 +226,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             calib_rows.append(trial_rows(pred.stage_s, spans, prof.machine)
                               if prof.machine and args.mode == "infer" else None)
             peaks = [max(r.peak_mem_bytes[k] for r in res) for k in range(len(res[0].peak_mem_bytes))]
-            records.append({"cuts": cuts, "chunks": m, "predicted": pred.to_dict(), "pipeline_s": measured,
+            records.append({"cuts": cuts, "chunks": m, "plan": plan.to_dict(), "predicted": pred.to_dict(),
+                            "pipeline_s": measured,
                             "peak_mem_bytes": peaks, "schedule": args.schedule, "mode": args.mode,
                             "base_mem_bytes": [min(r.base_mem_bytes[k] for r in res) for k in range(len(peaks))]
                             if res[0].base_mem_bytes else [],

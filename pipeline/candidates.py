@@ -42,12 +42,15 @@ class Candidates:
     def max_stages(self) -> int:
         return len(self.blocks)
 
-    def check_stages(self, stages: int, model: str) -> None:
-        """One line when ``stages`` is more than this model has places to cut (every command asks this)."""
+    def check_stages(self, stages: int, model: str, *, per_rank: int = 1) -> None:
+        """One line when ``stages`` pieces (``stages / per_rank`` ranks) are more than this model has places
+        to cut (every command asks this)."""
         if stages < 2:
             raise PipesplitError(f"--stages must be at least 2 (got {stages})")
         if stages > self.max_stages:
-            raise self._too_many(f"--stages {stages}", model)
+            what = (f"--stages {stages // per_rank} with --stages-per-rank {per_rank} ({stages} stages)"
+                    if per_rank > 1 else f"--stages {stages}")
+            raise self._too_many(what, model)
 
     def _too_many(self, what: str, model: str) -> PipesplitError:
         return PipesplitError(

@@ -79,7 +79,7 @@ def add_runtime_args(p: argparse.ArgumentParser, *, search: bool = False) -> Non
         g.add_argument("--stages-per-rank", type=positive_int, default=None, metavar="V",
                        help="virtual stages per rank for the multi-stage schedules (Interleaved1F1B, LoopedBFS, "
                             "InterleavedZeroBubble: any V; ZBVZeroBubble, DualPipeV: 2, training only); "
-                            "--stages counts all stages")
+                            "--stages counts ranks, so the model is cut into stages x V pieces")
     g.add_argument("--mode", default=None, choices=MODES,
                    help="'infer' (forward only, default) or 'train' (forward, loss, backward and an optimizer step; "
                         "loss and gradients are checked against the serial step)")

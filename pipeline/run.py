@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from pipeline.cli import MODEL_FLAGS, Parser, add_model_args, add_runtime_args, spec_from_args
 from pipeline.core.errors import PipesplitError
-from pipeline.core.plan import SplitPlan, SplitPoint
+from pipeline.core.plan import SplitPlan, SplitPoint, check_ranks
 from pipeline.core.policies import ALIASES, POLICIES
 from pipeline.core.result import TrialResult
 
@@ -23,6 +23,8 @@ examples:
   # a tiny model, for a quick check
   python -m pipeline.run --model deit_tiny_patch16_224 --model-kwargs '{"depth": 4, "img_size": 64}' \\
       --batch-size 8 --stages 2 --chunks 4
+  # 4 stages on 2 ranks, 2 per rank (--stages counts ranks in every command)
+  python -m pipeline.run --stages 2 --stages-per-rank 2 --policy uniform --chunks 4 --schedule Interleaved1F1B
   # run an exported best split again and save what it measured
   python -m pipeline.run --split results/<study>/best_split.json --repeats 5 --out rerun.json
   # where the time goes: a Gantt chart of the stages and torch.profiler traces per rank
@@ -78,7 +80,8 @@ def _parser() -> argparse.ArgumentParser:
     add_model_args(p)
     add_runtime_args(p)
     g = p.add_argument_group("plan (without --split)")
-    g.add_argument("--stages", type=int, default=None, help="number of stages (with --policy)")
+    g.add_argument("--stages", type=int, default=None,
+                   help="the pipeline's ranks (with --policy); the model is cut into stages x --stages-per-rank pieces")
     runnable = [n for n, pol in POLICIES.items() if not pol.needs_profile]
     g.add_argument("--policy", choices=[*runnable, *ALIASES], default=None, metavar="NAME",
                    help="a reference policy: " + "; ".join(f"{n}: {POLICIES[n].summary}" for n in runnable)
@@ -128,21 +131,29 @@ def plan_from_args(args: argparse.Namespace) -> SplitPlan:
         return plan
     if (args.policy is None) == (args.split_points is None):
         raise PipesplitError("say where to cut: give --stages N --policy NAME, or --split-points FQN,..., or --split FILE")
+    per_rank = args.stages_per_rank or 1
+    if args.policy and args.stages is None:
+        raise PipesplitError("--policy needs --stages N (the pipeline's ranks)")
+    if args.stages is not None:
+        check_ranks(args.stages, per_rank)
     spec = spec_from_args(args)
     cands = find_candidates(build_model(spec), spec, args.granularity)
     if args.policy:
-        if args.stages is None:
-            raise PipesplitError("--policy needs --stages N")
-        cands.check_stages(args.stages, spec.label)
-        points = cands.policy_points(args.policy, args.stages)
+        total = args.stages * per_rank
+        cands.check_stages(total, spec.label, per_rank=per_rank)
+        points = cands.policy_points(args.policy, total)
     else:
         points = tuple(SplitPoint.parse(t) for t in args.split_points.split(",") if t.strip())
-        if args.stages is not None and args.stages != len(points) + 1:
+        pieces = len(points) + 1
+        per = f" with --stages-per-rank {per_rank}" if per_rank > 1 else ""
+        if pieces % per_rank:
+            raise PipesplitError(f"{len(points)} split points make {pieces} stages, which do not split into {per_rank} "
+                                 f"per rank: give ranks x {per_rank} - 1 split points")
+        if args.stages is not None and args.stages != pieces // per_rank:
             raise PipesplitError(
-                f"--stages {args.stages} does not match {len(points)} split points ({len(points) + 1} stages): "
-                "give stages - 1 split points"
-            )
-    per_rank = args.stages_per_rank or 1
+                f"--stages {args.stages}{per} does not match {len(points)} split points ({pieces} stages on "
+                f"{pieces // per_rank} ranks): --stages counts ranks, so give {args.stages * per_rank - 1} split points "
+                f"or --stages {pieces // per_rank}")
     ranks = max(1, (len(points) + 1) // per_rank)
     plan = SplitPlan(
         model=spec, split_points=points, chunks=1 if args.chunks is None else args.chunks,
@@ -207,7 +218,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             if path:
                 check_writable(path)  # before the trial, not after it
         plan = plan_from_args(args)
-        print(f"plan: {plan.describe()}, {plan.threads_per_stage} thread(s)/stage on {plan.device}", flush=True)
+        print(f"plan: {plan.describe()}, {plan.threads_per_stage} thread(s)/rank on {plan.device}", flush=True)
         result = run_plan(plan, cfg)
         print(format_result(result))
         for t in result.traces:

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from costmodel.types import PROFILE_DIR_ENV
 from pipeline.cli import ModelArgs
 from pipeline.core.errors import PipesplitError
-from pipeline.core.plan import parse_chunks
+from pipeline.core.plan import check_ranks, parse_chunks
 from search.layouts import parse_per_rank, parse_schedules
 from search.memory import parse_size
 
@@ -83,8 +83,7 @@ class SearchConfig:
         return self.profile_dir or os.environ.get(PROFILE_DIR_ENV) or os.path.join(self.results_dir, "profiles")
 
     def __post_init__(self) -> None:
-        if self.stages < 2:
-            raise PipesplitError(f"--stages must be at least 2 (got {self.stages})")
+        check_ranks(self.stages, min(self.stages_per_rank, default=1))
         for flag in ("repeats", "confirm_rounds"):
             if getattr(self, flag) < 1:
                 raise PipesplitError(f"--{flag.replace('_', '-')} must be at least 1 (got {getattr(self, flag)})")

@@ -63,9 +63,11 @@ def build_parser(prog: str, description: str, epilog: str, *, sweep: bool = Fals
     s = p.add_argument_group("search")
     if sweep:
         s.add_argument("--stages", type=int, nargs="+", default=[2, 3, 4, 6],
-                       help="stage counts to sweep, one study each (default 2 3 4 6)")
+                       help="rank counts to sweep, one study each (default 2 3 4 6)")
     else:
-        s.add_argument("--stages", type=int, default=4, help="pipeline stages (default 4)")
+        s.add_argument("--stages", type=int, default=4,
+                       help="the pipeline's ranks (default 4), as in every command; with --stages-per-rank V a "
+                       "layout cuts the model into stages x V pieces")
     s.add_argument("--chunks", default=None, help="candidate chunk counts, comma-separated, each dividing the batch "
                    f"(default: those of {','.join(map(str, DEFAULT_CHUNKS))} that divide it)")
     s.add_argument("--trials", type=int, default=None,
@@ -256,7 +258,7 @@ def run_study(cfg: SearchConfig, *, references: bool = False) -> StudyRun:
                           layouts=choice.layouts)
         study.set_user_attr("space_size", space.size)
         print(f"study {name} in {cfg.storage}: {len(cands.cuts)} cut points, chunks {chunks}, {space.size} plans, "
-              f"{threads} thread(s)/stage, " + (f"{repeats} repeats per trial (racing, up to {cap})" if cap else
+              f"{threads} thread(s)/rank, " + (f"{repeats} repeats per trial (racing, up to {cap})" if cap else
                                                 f"{repeats} repeats per trial") +
               f"; profile {'from cache' if cached else 'measured'}", flush=True)
         if space.multi or choice.skipped:

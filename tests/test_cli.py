@@ -20,3 +20,34 @@ def test_flags_become_model_args_with_defaults():
 def test_bad_model_kwargs_are_one_line(text, message):
     with pytest.raises(PipesplitError, match=message):
         parse_kwargs(text)
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+def test_stages_and_stages_per_rank_mean_the_same_ranks_and_pieces_in_every_command(tmp_path):
+    """--stages 2 --stages-per-rank 2: 2 ranks holding 4 stages in pipeline.run, search.optimize and
+    costmodel.validate alike (a real validation run of one plan)."""
+    import json
+
+    from costmodel.validate import main as validate
+    from pipeline.run import _parser, plan_from_args
+    from search.config import SearchConfig
+    from search.layouts import choose_layouts
+    from search.optimize import _parser as search_parser
+    from tests.conftest import TINY_VIT_ARGS
+
+    flags = ["--stages", "2", "--stages-per-rank", "2", "--schedule", "Interleaved1F1B"]
+    plan = plan_from_args(_parser().parse_args([*TINY_VIT_ARGS, *flags, "--policy", "uniform", "--chunks", "4"]))
+    assert (plan.ranks, plan.stages) == (2, 4) and "4 stages on 2 ranks, 2 per rank" in plan.describe()
+
+    cfg = SearchConfig.from_args(search_parser().parse_args([*TINY_VIT_ARGS, *flags, "--chunks", "4"]), 2)
+    choice = choose_layouts(cfg.schedules, cfg.stages_per_rank, ranks=cfg.stages, mode=cfg.mode, chunks=[4],
+                            segments=7)
+    (layout,) = choice.layouts
+    assert (cfg.stages, cfg.stages * layout.per_rank) == (2, 4)
+
+    out = tmp_path / "v.json"
+    assert validate([*TINY_VIT_ARGS, *flags, "--mode", "train", "--chunks", "4", "--cuts", "1", "--rounds", "1",
+                     "--repeats", "1", "--out", str(out)]) == 0
+    (record,) = json.loads(out.read_text())["plans"]
+    assert (record["plan"]["stages"], record["plan"]["stages_per_rank"], record["plan"]["total_stages"]) == (2, 2, 4)

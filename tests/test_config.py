@@ -18,7 +18,7 @@ def test_flags_become_a_frozen_config():
 
 
 @pytest.mark.parametrize("kw, message", [
-    ({"stages": 1}, "--stages must be at least 2"),
+    ({"stages": 1}, "a pipeline needs at least 2 ranks: --stages 1 is one rank; use --stages 2"),
     ({"trials": 0}, "--trials must be at least 1"),
     ({"repeats": 0}, "--repeats must be at least 1"),
     ({"timeout_s": -1}, "--timeout must be a positive number"),

@@ -64,8 +64,23 @@ def test_bad_kind():
 def test_stage_count_must_match_split_points():
     d = plan().to_dict()
     d["stages"] = 4
-    with pytest.raises(PipesplitError, match="says 4 stages but has 1 split points"):
+    with pytest.raises(PipesplitError, match="says 4 stages but its 1 split points make 2 stages on 2 ranks"):
         SplitPlan.from_dict(d)
+
+
+def test_a_version_1_plan_counts_stages_as_pieces_and_loads_as_it_did():
+    """Plan files before version 2 said ``stages`` for every piece and wrote ``stages_per_rank`` only when not
+    1: such a file with V = 2 loads as the same plan (4 stages on 2 ranks), and a version-2 file of it says
+    ``stages`` 2; a file without a version may say either."""
+    p = plan(split_points=tuple(SplitPoint(f"blocks.{i}") for i in (3, 6, 9)), chunks=8, schedule="Interleaved1F1B",
+             stages_per_rank=2)
+    old = {k: v for k, v in p.to_dict().items() if k != "total_stages"}
+    old.update(version=1, stages=4)
+    assert SplitPlan.from_dict(old) == p and (p.stages, p.ranks) == (4, 2)
+    with pytest.raises(PipesplitError, match="says 2 stages but its 3 split points make 4 stages on 2 ranks, 2 per rank"):
+        SplitPlan.from_dict({**old, "stages": 2})
+    for stages in (2, 4):
+        assert SplitPlan.from_dict({k: v for k, v in {**old, "stages": stages}.items() if k != "version"}) == p
 
 
 def test_load_errors_are_one_line(tmp_path):
@@ -113,6 +128,8 @@ def test_virtual_stages_round_trip_and_name_their_placement():
     p = plan(split_points=tuple(SplitPoint(f"blocks.{i}") for i in (3, 6, 9)), chunks=8, schedule="Interleaved1F1B",
              stages_per_rank=2)
     assert (p.ranks, p.rank_stages(0), p.rank_stages(1), p.last_rank) == (2, (0, 2), (1, 3), 1)
-    assert SplitPlan.from_dict(json.loads(json.dumps(p.to_dict()))) == p and "2 per rank on 2 ranks" in p.describe()
+    d = p.to_dict()
+    assert (d["version"], d["stages"], d["stages_per_rank"], d["total_stages"]) == (2, 2, 2, 4)
+    assert SplitPlan.from_dict(json.loads(json.dumps(d))) == p and "4 stages on 2 ranks, 2 per rank" in p.describe()
     v = dataclasses.replace(p, schedule="ZBVZeroBubble", mode="train")
     assert (v.rank_stages(0), v.rank_stages(1), v.last_rank) == ((0, 3), (1, 2), 0)

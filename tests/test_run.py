@@ -134,7 +134,14 @@ def test_a_bad_plan_field_is_one_line_naming_field_value_and_type(tmp_path, caps
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["--stages", "0", "--policy", "uniform"], "--stages must be at least 2 (got 0)"),
+    (["--stages", "0", "--policy", "uniform"], "a pipeline needs at least 2 ranks: --stages 0 is no rank"),
+    (["--stages", "1", "--stages-per-rank", "2", "--policy", "uniform", "--schedule", "Interleaved1F1B"],
+     "a pipeline needs at least 2 ranks: --stages 1 with --stages-per-rank 2 is one rank; use --stages 2"),
+    (["--split-points", "blocks.1,blocks.2", "--stages-per-rank", "2", "--schedule", "Interleaved1F1B"],
+     "2 split points make 3 stages, which do not split into 2 per rank"),
+    (["--split-points", "blocks.1", "--stages", "2", "--stages-per-rank", "2", "--schedule", "Interleaved1F1B"],
+     "--stages 2 with --stages-per-rank 2 does not match 1 split points (2 stages on 1 ranks): --stages counts "
+     "ranks, so give 3 split points or --stages 1"),
     (["--stages", "2", "--policy", "uniform", "--timeout", "-1"], "--timeout must be a positive number"),
     (["--stages", "2", "--policy", "uniform", "--chunks", "a"], "argument --chunks: invalid int value: 'a'"),
     (["--split-points", "blocks.1,blocks.1"], "split point blocks.1:BEGINNING is repeated"),
@@ -224,3 +231,23 @@ def test_bad_plan_files_as_subprocesses(tmp_path, tiny_spec, mutate, message):
     proc = subprocess.run([sys.executable, "-m", "pipeline.run", "--split", str(path)], capture_output=True, text=True,
                           timeout=120)
     assert proc.returncode == 2 and message in proc.stderr and proc.stderr.count("\n") == 1, proc.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+def test_a_version_1_plan_file_with_two_stages_per_rank_runs_as_it_did(tmp_path, capsys, tiny_spec):
+    """A plan file written before --stages counted ranks (version 1: ``stages`` 4 for 4 pieces on 2 ranks)."""
+    from pipeline.core.plan import SplitPoint
+
+    plan = SplitPlan(model=tiny_spec, split_points=tuple(SplitPoint(f"blocks.{i}") for i in (1, 2, 3)), chunks=4,
+                     schedule="Interleaved1F1B", stages_per_rank=2, threads_per_stage=1)
+    old = {k: v for k, v in plan.to_dict().items() if k != "total_stages"}
+    old.update(version=1, stages=4)
+    path = tmp_path / "v1.json"
+    path.write_text(json.dumps(old))
+    out = tmp_path / "again.json"
+    assert main(["--split", str(path), "--repeats", "1", "--warmup", "0", "--no-serial-all", "--out", str(out)]) == 0
+    assert "plan: 4 stages on 2 ranks, 2 per rank cut at [blocks.1, blocks.2, blocks.3]" in capsys.readouterr().out
+    again = json.loads(out.read_text())
+    assert (again["version"], again["stages"], again["stages_per_rank"], again["total_stages"]) == (2, 2, 2, 4)
+    assert SplitPlan.from_dict(again) == plan

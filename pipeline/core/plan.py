@@ -12,7 +12,12 @@ from pipeline.core.errors import PipesplitError
 from pipeline.core.fields import read
 from pipeline.core.spec import ModelSpec
 
-PLAN_VERSION = 1
+PLAN_VERSION = 2
+"""2: ``stages`` counts the pipeline's ranks, as ``--stages`` does in every command (torchtitan's
+``pipeline_parallel_degree``, Megatron's ``--pipeline-model-parallel-size``), beside ``stages_per_rank`` (V)
+and ``total_stages`` (ranks x V, the pieces the model is cut into). 1: ``stages`` counted the pieces, and
+``stages_per_rank`` was written only when not 1; version-1 files still load and run as they did."""
+READ_VERSIONS = (1, 2)
 KINDS = ("BEGINNING", "END")
 BACKENDS = ("torch", "pippy")
 SINGLE_SCHEDULES = ("GPipe", "1F1B")
@@ -111,13 +116,42 @@ class SplitPoint:
         return cls(fqn.strip(), (kind.strip().upper() or "BEGINNING"))
 
 
+def check_ranks(stages: int, per_rank: int = 1) -> None:
+    """One line when ``--stages`` (the pipeline's ranks) with ``--stages-per-rank`` cannot make a pipeline."""
+    if per_rank < 1:
+        raise PipesplitError(f"--stages-per-rank must be a positive integer (got {per_rank})")
+    if stages < 2:
+        given = f"--stages {stages}" + (f" with --stages-per-rank {per_rank}" if per_rank > 1 else "")
+        ranks = "no rank" if stages < 1 else "one rank"
+        raise PipesplitError(f"a pipeline needs at least 2 ranks: {given} is {ranks}; use --stages 2"
+                             + (f" (--stages counts ranks: {2 * per_rank} stages on 2 ranks)" if per_rank > 1 else ""))
+
+
+def _check_counts(d: dict[str, Any], version: Any, plan: SplitPlan) -> None:
+    """A plan file's stated counts agree with its split points: ``stages`` is the ranks from version 2 on,
+    the pieces in version 1, and either in a hand-written file without a version."""
+    if "total_stages" in d and read(d, "total_stages", int) != plan.stages:
+        raise PipesplitError(f"the plan says total_stages {d['total_stages']} but has {len(plan.split_points)} split "
+                             f"points ({plan.stages} stages): give total_stages - 1 split points")
+    if "stages" not in d:
+        return
+    stated = read(d, "stages", int)
+    ok = {1: (plan.stages,), 2: (plan.ranks,)}.get(version, (plan.ranks, plan.stages))
+    if stated not in ok:
+        raise PipesplitError(
+            f"the plan says {stated} stages but its {len(plan.split_points)} split points make {plan.layout()}: "
+            "give ranks x stages_per_rank - 1 split points"
+            + ("" if version == 1 else " (stages counts ranks from plan version 2)"))
+
+
 @dataclass(frozen=True, kw_only=True)
 class SplitPlan:
     """One pipeline configuration to build and measure."""
 
     model: ModelSpec
     split_points: tuple[SplitPoint, ...]
-    """Cuts in execution order; ``len(split_points) + 1`` stages."""
+    """Cuts in execution order: ``len(split_points) + 1`` stages (``stages``), held ``stages_per_rank`` to a
+    rank by ``ranks`` processes (what ``--stages`` counts on the command line)."""
     chunks: int = 1
     """Microbatches per batch; must divide the batch size."""
     backend: str = "torch"
@@ -171,6 +205,7 @@ class SplitPlan:
 
     @property
     def stages(self) -> int:
+        """The pieces the model is cut into (every stage of every rank): ``ranks x stages_per_rank``."""
         return len(self.split_points) + 1
 
     @property
@@ -196,22 +231,26 @@ class SplitPlan:
     def describe(self) -> str:
         cuts = ", ".join(p.fqn if p.kind == "BEGINNING" else f"{p.fqn}:END" for p in self.split_points) or "(none)"
         train = f", training ({self.optimizer})" if self.mode == "train" else ""
-        virtual = f" ({self.stages_per_rank} per rank on {self.ranks} ranks)" if self.stages_per_rank > 1 else ""
-        return (f"{self.stages} stages{virtual} cut at [{cuts}], chunks {self.chunks}, "
-                f"{self.backend}/{self.schedule}{train}")
+        return (f"{self.layout()} cut at [{cuts}], chunks {self.chunks}, {self.backend}/{self.schedule}{train}")
+
+    def layout(self) -> str:
+        """Both numbers a user types and reads: ``4 stages on 2 ranks, 2 per rank``."""
+        per = f", {self.stages_per_rank} per rank" if self.stages_per_rank > 1 else ""
+        return f"{self.stages} stages on {self.ranks} rank{'s' if self.ranks != 1 else ''}{per}"
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "version": PLAN_VERSION,
             "model": self.model.to_dict(),
-            "stages": self.stages,
+            "stages": self.ranks,
+            "stages_per_rank": self.stages_per_rank,
+            "total_stages": self.stages,
             "split_points": [p.to_dict() for p in self.split_points],
             "chunks": self.chunks,
             "backend": self.backend,
             "schedule": self.schedule,
             "device": self.device,
             "threads_per_stage": self.threads_per_stage,
-            **({"stages_per_rank": self.stages_per_rank} if self.stages_per_rank != 1 else {}),
             "mode": self.mode,
             **({"optimizer": self.optimizer} if self.mode == "train" else {}),
         }
@@ -221,9 +260,10 @@ class SplitPlan:
         """Read a plan, or any document of the ``best_split.json`` shape (extra keys are ignored)."""
         if not isinstance(d, dict):
             raise PipesplitError(f"a split plan must be a JSON object, not {type(d).__name__}")
-        version = d.get("version", PLAN_VERSION)
-        if version != PLAN_VERSION:
-            raise PipesplitError(f"plan version {version!r} is not supported (this pipesplit reads {PLAN_VERSION})")
+        version = d.get("version")
+        if version is not None and version not in READ_VERSIONS:
+            raise PipesplitError(f"plan version {version!r} is not supported (this pipesplit reads versions "
+                                 f"{', '.join(map(str, READ_VERSIONS))})")
         for key in ("model", "split_points"):
             if key not in d:
                 raise PipesplitError(f"the plan has no {key!r} key: export plans with pipesplit or see results/README.md")
@@ -252,11 +292,7 @@ class SplitPlan:
             mode=read(d, "mode", str, "infer"),
             optimizer=read(d, "optimizer", str, "adamw"),
         )
-        if "stages" in d and read(d, "stages", int) != plan.stages:
-            raise PipesplitError(
-                f"the plan says {d['stages']} stages but has {len(points)} split points ({plan.stages} stages): "
-                "give stages - 1 split points"
-            )
+        _check_counts(d, version, plan)
         return plan
 
     def save(self, path: str | Path) -> None:
