@@ -6,7 +6,7 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from pipeline.core.errors import PipesplitError
-from pipeline.core.plan import SCHEDULES, SplitPlan, SplitPoint, schedule_rule
+from pipeline.core.plan import SCHEDULES, SplitPlan, SplitPoint, check_ranks, schedule_rule
 from pipeline.core.spec import ModelSpec
 
 SPEC = ModelSpec(name="deit_small_patch16_224", batch_size=32)
@@ -133,3 +133,31 @@ def test_virtual_stages_round_trip_and_name_their_placement():
     assert SplitPlan.from_dict(json.loads(json.dumps(d))) == p and "4 stages on 2 ranks, 2 per rank" in p.describe()
     v = dataclasses.replace(p, schedule="ZBVZeroBubble", mode="train")
     assert (v.rank_stages(0), v.rank_stages(1), v.last_rank) == ((0, 3), (1, 2), 0)
+
+
+@given(st.integers(-2, 6), st.integers(-1, 4))
+def test_ranks_are_refused_in_one_line_exactly_when_they_cannot_make_a_pipeline(stages, per_rank):
+    bad = stages < 2 or per_rank < 1
+    try:
+        check_ranks(stages, per_rank)
+    except PipesplitError as e:
+        assert bad and "\n" not in str(e)
+        if per_rank >= 1:
+            assert str(e).startswith(f"a pipeline needs at least 2 ranks: --stages {stages}") and "use --stages 2" in str(e)
+    else:
+        assert not bad
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.sampled_from([2, 4]), st.sampled_from([(1, "GPipe"), (2, "Interleaved1F1B"), (3, "LoopedBFS")]))
+def test_every_plan_file_states_ranks_and_pieces_and_reads_back_in_both_versions(ranks, layout):
+    per, schedule = layout
+    pieces = ranks * per
+    p = plan(split_points=tuple(SplitPoint(f"blocks.{i}") for i in range(1, pieces)), chunks=8,
+             schedule=schedule, stages_per_rank=per)
+    d = p.to_dict()
+    assert (d["stages"], d["stages_per_rank"], d["total_stages"]) == (ranks, per, pieces) == (p.ranks, per, p.stages)
+    assert SplitPlan.from_dict(d) == p
+    v1 = {k: v for k, v in d.items() if k != "total_stages"}
+    v1.update(version=1, stages=pieces)
+    assert SplitPlan.from_dict(v1) == p
