@@ -14,8 +14,8 @@ import sys
 from typing import Any
 
 from pipeline.core.plan import SplitPlan, SplitPoint
-from pipeline.models import resolve_spec
-from pipeline.pool import StagePool
+from pipeline.models.build import resolve_spec
+from pipeline.ranks.pool import StagePool
 
 TINY: dict[str, tuple[dict[str, Any], tuple[str, ...]]] = {
     "hf:gpt2": ({"n_layer": 4, "n_embd": 64, "n_head": 4, "vocab_size": 512, "n_positions": 128},

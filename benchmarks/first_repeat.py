@@ -14,8 +14,8 @@ import statistics
 import sys
 
 from pipeline.core.plan import SplitPlan, SplitPoint
-from pipeline.models import resolve_spec
-from pipeline.pool import StagePool
+from pipeline.models.build import resolve_spec
+from pipeline.ranks.pool import StagePool
 
 
 def main() -> int:

@@ -41,7 +41,7 @@ def side_by_side(spec: object, grid_top: list[tuple[str, int]], best: tuple[tupl
     optimizer's pick, in the same rounds, the two compare fairly.
     """
     from pipeline.core.plan import SplitPlan, SplitPoint
-    from pipeline.pool import StagePool
+    from pipeline.ranks.pool import StagePool
     from pipeline.rounds import interleaved
 
     plans: dict[str, tuple[tuple[str, ...], int]] = {}
@@ -74,11 +74,11 @@ def main(argv: list[str] | None = None) -> int:
     import optuna
 
     from costmodel.profile import divisors
-    from pipeline.candidates import find_candidates
     from pipeline.core.plan import SplitPlan, SplitPoint
     from pipeline.core.policies import equal_size_cuts
-    from pipeline.models import build_model, resolve_spec
-    from pipeline.pool import StagePool
+    from pipeline.models.build import build_model, resolve_spec
+    from pipeline.models.candidates import find_candidates
+    from pipeline.ranks.pool import StagePool
     from search.optimize import main as optimize
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -22,7 +22,7 @@ def main(argv: list[str] | None = None) -> int:
     import optuna
 
     from pipeline.core.plan import SplitPlan
-    from pipeline.pool import StagePool
+    from pipeline.ranks.pool import StagePool
     from pipeline.rounds import interleaved
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -287,8 +287,8 @@ def run_simulated(model: str, batch: int, stages_list: list[int], granularities:
     from pathlib import Path
 
     from costmodel.profile import load_for_stages
-    from pipeline.candidates import find_candidates
-    from pipeline.models import build_model, resolve_spec
+    from pipeline.models.build import build_model, resolve_spec
+    from pipeline.models.candidates import find_candidates
 
     spec = resolve_spec(model, batch_size=batch)
     chunks = tuple(c for c in (1, 2, 4, 8, 16, 32) if batch % c == 0)

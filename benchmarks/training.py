@@ -97,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
     from costmodel.profile import load_for_stages
     from pipeline.cli import ModelArgs, add_model_args
     from pipeline.core.plan import SplitPlan, SplitPoint
-    from pipeline.pool import StagePool
+    from pipeline.ranks.pool import StagePool
     from search.config import SearchConfig
     from search.layouts import parse_schedules
     from search.optimize import run_study

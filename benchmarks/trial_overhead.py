@@ -25,8 +25,8 @@ import time
 
 from pipeline.core.plan import SplitPlan, SplitPoint
 from pipeline.core.result import TrialResult
-from pipeline.models import resolve_spec
-from pipeline.pool import StagePool
+from pipeline.models.build import resolve_spec
+from pipeline.ranks.pool import StagePool
 
 MODES = {"before": {"cached_trace": False, "check_first_repeat": False},
          "after": {"cached_trace": True, "check_first_repeat": True}}

@@ -4,7 +4,7 @@ One trace of the model with a cut at *every* candidate gives the segments exactl
 them (torch's ``pipeline(split_spec=...)``); each is then counted (fvcore, fused attention included),
 weighed (parameter bytes, bytes crossing each cut) and timed at every microbatch size on the target
 device and thread count (each size over at least one whole batch of samples). The timing runs in the
-stage workers (``pipeline.probes``, sent as a ``ProfileSegments`` command); the FLOPs are counted here.
+stage workers (``pipeline.stage.probes``, sent as a ``ProfileSegments`` command); the FLOPs are counted here.
 The link between two ranks of the real backend is measured by ping-pong and fitted to latency + bytes / bandwidth. Profiles
 are cached under ``results/profiles/``.
 """
@@ -28,14 +28,14 @@ import torch
 from costmodel.flops import count_flops
 from costmodel.link import fit_link
 from costmodel.types import PROFILE_DIR_ENV, Link, Machine, Profile, Segment
-from pipeline.batch import example_input, rows
-from pipeline.candidates import find_candidates
 from pipeline.core.errors import PipesplitError
 from pipeline.core.spec import ModelSpec
-from pipeline.launch import open_pool
-from pipeline.messages import SegmentReply
-from pipeline.models import build_model
-from pipeline.probes import SegmentRunner, stage_targets, time_segments, trace_all_cuts
+from pipeline.models.batch import example_input, rows
+from pipeline.models.build import build_model
+from pipeline.models.candidates import find_candidates
+from pipeline.ranks.launch import open_pool
+from pipeline.stage.messages import SegmentReply
+from pipeline.stage.probes import SegmentRunner, stage_targets, time_segments, trace_all_cuts
 
 PROFILE_DIR = Path("results/profiles")
 
@@ -193,7 +193,7 @@ def load_for_stages(spec: ModelSpec, *, stages: int, device: str = "cpu", thread
     (what the serial model runs like, and a stage whose neighbours wait), plus a machine model whose
     contention at ``stages`` busy stages comes from timing the segments in ``stages`` workers at once
     (at the smallest and largest microbatch size, which is enough for one factor)."""
-    from pipeline.hosts import available_cores
+    from pipeline.ranks.hosts import available_cores
 
     micro = sorted(set(micro_sizes or divisors(spec.batch_size)) | {spec.batch_size})
     alone, cached = load_or_profile(spec, device=device, threads=threads, granularity=granularity, micro_sizes=micro,

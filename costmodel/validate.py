@@ -138,8 +138,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         parse_chunks,
         schedule_chunks,
     )
-    from pipeline.hosts import available_cores
-    from pipeline.launch import open_pool
+    from pipeline.ranks.hosts import available_cores
+    from pipeline.ranks.launch import open_pool
     from pipeline.rounds import interleaved
 
     p = Parser(prog="python -m costmodel.validate", description=__doc__,

@@ -7,10 +7,10 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, NoReturn
 
-from pipeline.candidates import GRANULARITIES
 from pipeline.core.errors import PipesplitError
 from pipeline.core.plan import BACKENDS, DEVICES, MODES, OPTIMIZERS, SCHEDULES
 from pipeline.core.spec import DTYPES, ModelSpec
+from pipeline.models.candidates import GRANULARITIES
 
 DEFAULT_MODEL = "deit_small_patch16_224"
 
@@ -133,7 +133,7 @@ class ModelArgs:
                    granularity=args.granularity)
 
     def resolve(self) -> ModelSpec:
-        from pipeline.models import resolve_spec
+        from pipeline.models.build import resolve_spec
 
         return resolve_spec(self.name, kwargs=self.kwargs, batch_size=self.batch_size, image_size=self.image_size,
                             dtype=self.dtype, checkpoint=self.checkpoint, seed=self.seed,

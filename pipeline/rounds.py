@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 from pipeline.core.plan import SplitPlan
 from pipeline.core.result import TrialResult
-from pipeline.pooling import Pool
+from pipeline.ranks.pooling import Pool
 
 __all__ = ["Interleaved", "interleaved"]
 

@@ -61,7 +61,7 @@ class RunConfig:
 
 def run_plan(plan: SplitPlan, cfg: RunConfig) -> TrialResult:
     """Measure ``plan`` once on a fresh pool (the torchrun ranks under torchrun)."""
-    from pipeline.launch import open_pool
+    from pipeline.ranks.launch import open_pool
 
     with open_pool(plan.ranks, device=plan.device, threads_per_stage=plan.threads_per_stage) as pool:
         return pool.run(plan, repeats=cfg.repeats, warmup=cfg.warmup, timeout_s=cfg.timeout_s,
@@ -105,9 +105,9 @@ def _parser() -> argparse.ArgumentParser:
 
 def plan_from_args(args: argparse.Namespace) -> SplitPlan:
     """The plan that the flags describe, validated against the model's real execution order."""
-    from pipeline.candidates import find_candidates
-    from pipeline.hosts import default_threads, resolve_device
-    from pipeline.models import build_model, fit_input
+    from pipeline.models.build import build_model, fit_input
+    from pipeline.models.candidates import find_candidates
+    from pipeline.ranks.hosts import default_threads, resolve_device
 
     if args.split:
         given = [f"--{f.replace('_', '-')}" for f in MODEL_FLAGS if getattr(args, f) is not None]
@@ -206,7 +206,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     from pipeline.core.atomic import check_writable, write_json
     from pipeline.export import document
-    from pipeline.launch import follower_exit
+    from pipeline.ranks.launch import follower_exit
 
     try:
         code = follower_exit(args.device, args.threads_per_stage)  # under torchrun, ranks > 0 follow rank 0
@@ -224,7 +224,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         for t in result.traces:
             print(f"wrote {t}")
         if args.timeline and result.ok:
-            from pipeline.timeline import Timeline, render
+            from pipeline.stage.timeline import Timeline, render
 
             render(Timeline.from_result(result), args.timeline, title=f"{plan.describe()} - {result.speedup:.2f}x")
             print(f"wrote {args.timeline}")
@@ -234,7 +234,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0 if result.ok else 1
     except PipesplitError as e:
         print(f"error: {e}", file=sys.stderr)
-        from pipeline.launch import release_followers
+        from pipeline.ranks.launch import release_followers
 
         release_followers(args.device, args.threads_per_stage)
         return 2

@@ -17,9 +17,9 @@ from optuna.trial import FrozenTrial, TrialState
 from pipeline.core.plan import SplitPlan
 from pipeline.core.policies import PIPPY
 from pipeline.core.result import TrialResult
-from pipeline.pooling import Pool
+from pipeline.ranks.pooling import Pool
 from pipeline.rounds import interleaved
-from pipeline.timeline import Timeline
+from pipeline.stage.timeline import Timeline
 from search.coordination import is_seed, measured_trials, speedup_of
 
 __all__ = ["Confirmation", "Confirmed", "confirm"]

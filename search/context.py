@@ -13,12 +13,12 @@ import optuna
 from costmodel.calibrate import TrialRows, fit
 from costmodel.simulate import simulate
 from costmodel.types import Machine, Profile
-from pipeline.candidates import Candidates
 from pipeline.core.plan import SplitPlan, SplitPoint
 from pipeline.core.result import TrialResult
 from pipeline.core.spec import ModelSpec
-from pipeline.orders import schedule_order
-from pipeline.pooling import Pool
+from pipeline.models.candidates import Candidates
+from pipeline.ranks.pooling import Pool
+from pipeline.stage.orders import schedule_order
 from search.coordination import measured_trials, repeats_spent, speedup_of
 from search.memory import predicted_over
 from search.optimum import layout_optimum

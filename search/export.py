@@ -226,7 +226,7 @@ def export_timelines(study: optuna.Study, outdir: Path, confirmation: Confirmati
                      artifacts: Any = None) -> list[Path]:
     """Measured Gantt charts of the confirmed best plan and of PiPPy's equal-size plan (PNG + spans JSON),
     uploaded to the study as artifacts when a store is given."""
-    from pipeline.timeline import render
+    from pipeline.stage.timeline import render
 
     paths: list[Path] = []
     spans: dict[str, Any] = {}

@@ -221,7 +221,7 @@ class Objective:
 
         from optuna.artifacts import upload_artifact
 
-        from pipeline.timeline import Timeline, render
+        from pipeline.stage.timeline import Timeline, render
 
         with tempfile.TemporaryDirectory() as tmp:
             path = render(Timeline.from_result(result), Path(tmp) / f"timeline-trial{trial.number}.png",

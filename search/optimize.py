@@ -129,7 +129,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     quiet_logs()
     args = _parser().parse_args(argv)
-    from pipeline.launch import follower_exit, release_followers
+    from pipeline.ranks.launch import follower_exit, release_followers
 
     try:
         code = follower_exit(args.device, args.threads_per_stage)  # under torchrun, ranks > 0 follow rank 0
@@ -165,11 +165,11 @@ def run_study(cfg: SearchConfig, *, references: bool = False) -> StudyRun:
 
     from costmodel.partition import ranked
     from costmodel.profile import load_for_stages
-    from pipeline.candidates import find_candidates
     from pipeline.core.atomic import check_writable
-    from pipeline.hosts import default_threads, resolve_device
-    from pipeline.launch import open_pool
-    from pipeline.models import build_model
+    from pipeline.models.build import build_model
+    from pipeline.models.candidates import find_candidates
+    from pipeline.ranks.hosts import default_threads, resolve_device
+    from pipeline.ranks.launch import open_pool
     from search.confirm import confirm
     from search.export import export, export_timelines
     from search.layouts import choose_layouts

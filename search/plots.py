@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.core.atomic import save_figure
-from pipeline.timeline import COLORS, Timeline
+from pipeline.stage.timeline import COLORS, Timeline
 from search.report import POLICY_ORDER, PolicyRow
 
 

@@ -4,7 +4,7 @@ Forward-only plans at one stage per rank on GPipe or 1F1B are priced by ``costmo
 machine-aware flow shop that calibration refits). Every other plan (training steps, virtual stages,
 zero-bubble and V schedules) is priced by ``costmodel.train``: the schedule's own per-rank action order
 replayed over the profile's forward, backward and optimizer times. The order is torch's
-(``pipeline.orders``) or, where this torch cannot say, what a measured trial of that layout and chunk
+(``pipeline.stage.orders``) or, where this torch cannot say, what a measured trial of that layout and chunk
 count recorded; a training plan also needs a profile with backward times. A plan neither can price is
 measured, not pruned, and its trial says why.
 """

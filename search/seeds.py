@@ -8,9 +8,9 @@ from dataclasses import dataclass
 from costmodel.partition import ranked
 from costmodel.simulate import simulate
 from costmodel.types import Profile
-from pipeline.candidates import Candidates
 from pipeline.core.plan import SplitPoint
 from pipeline.core.policies import PIPPY, POLICIES, nearest_boundaries
+from pipeline.models.candidates import Candidates
 from search.space import PlanPoint, PlanSpace
 
 __all__ = ["Seed", "forward_starts", "layout_seeds", "seeds"]

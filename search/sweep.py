@@ -57,13 +57,13 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from pipeline.launch import torchrun_env
+    from pipeline.ranks.launch import torchrun_env
 
     if torchrun_env() is not None:
         raise PipesplitError("a sweep needs a different number of processes per stage count: under torchrun, "
                              "run python -m search.optimize --stages <nnodes x nproc-per-node> instead")
-    from pipeline.candidates import find_candidates
-    from pipeline.models import build_model
+    from pipeline.models.build import build_model
+    from pipeline.models.candidates import find_candidates
     from search.config import SearchConfig
     from search.optimize import run_study
 
@@ -186,7 +186,7 @@ def write_report(studies: dict[int, Any], outdir: Path, *, spec: Any, device: st
     import optuna
 
     from pipeline.core.atomic import write_json, write_text
-    from pipeline.timeline import Timeline, render
+    from pipeline.stage.timeline import Timeline, render
     from search import plots
     from search.confirm import Confirmation
     from search.coordination import speedup_of

@@ -15,8 +15,8 @@ import pytest
 
 from costmodel.types import Link, Profile, Segment
 from pipeline.core.spec import ModelSpec
-from pipeline.models import resolve_spec
-from pipeline.timeline import Timeline
+from pipeline.models.build import resolve_spec
+from pipeline.stage.timeline import Timeline
 from search.report import PolicyRow
 
 TINY_VIT = {"depth": 4, "img_size": 32, "patch_size": 8, "embed_dim": 48, "num_heads": 2, "num_classes": 10}
@@ -39,7 +39,7 @@ def tiny_spec() -> ModelSpec:
 @pytest.fixture(scope="session")
 def pool2():
     """One 2-stage gloo pool shared by the whole session: start-up is paid once, as in a real search."""
-    from pipeline.pool import StagePool
+    from pipeline.ranks.pool import StagePool
 
     with StagePool(2, threads_per_stage=1, quiet=True) as pool:
         yield pool
@@ -53,7 +53,7 @@ def shared_pool_and_profiles(pool2, tmp_path_factory):
     import os
 
     from costmodel.types import PROFILE_DIR_ENV
-    from pipeline.launch import lend_pool
+    from pipeline.ranks.launch import lend_pool
 
     os.environ[PROFILE_DIR_ENV] = str(tmp_path_factory.mktemp("profiles"))
     with lend_pool(pool2):

@@ -55,7 +55,7 @@ def meta_params(model_type: str, kwargs: dict[str, Any]) -> int:
     """The parameter count of the family's model at ``kwargs``, built on the meta device (no memory)."""
     import torch
 
-    from pipeline.hf import _config, _model_class
+    from pipeline.models.hf import _config, _model_class
 
     config = _config(model_type, dict(kwargs))
     with torch.device("meta"):
@@ -69,11 +69,11 @@ def sweep(model_types: list[str]) -> dict[str, tuple[str, str]]:
     import re
     from collections import Counter
 
-    from pipeline.batch import example_input, rows
-    from pipeline.candidates import find_candidates
     from pipeline.core.errors import PipesplitError
-    from pipeline.models import build_model, resolve_spec
-    from pipeline.traces import call_events
+    from pipeline.models.batch import example_input, rows
+    from pipeline.models.build import build_model, resolve_spec
+    from pipeline.models.candidates import find_candidates
+    from pipeline.models.traces import call_events
 
     out: dict[str, tuple[str, str]] = {}
     for mt in model_types:

@@ -1,11 +1,11 @@
 import pytest
 import torch
 
-from pipeline.batch import example_input
-from pipeline.candidates import find_candidates
 from pipeline.core.errors import PipesplitError
 from pipeline.core.plan import SplitPlan, SplitPoint
-from pipeline.models import build_model, resolve_spec
+from pipeline.models.batch import example_input
+from pipeline.models.build import build_model, resolve_spec
+from pipeline.models.candidates import find_candidates
 
 SWIN = {"img_size": 64, "window_size": 2, "depths": (1, 1, 2, 1), "embed_dim": 24, "num_heads": (1, 1, 2, 2)}
 
@@ -94,7 +94,7 @@ def test_validation_against_the_model(tiny_spec):
 
 
 def test_round_trip(tiny_spec):
-    from pipeline.candidates import Candidates
+    from pipeline.models.candidates import Candidates
 
     c = find_candidates(build_model(tiny_spec), tiny_spec)
     assert Candidates.from_dict(c.to_dict()) == c

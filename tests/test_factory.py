@@ -1,12 +1,12 @@
-"""pipeline.factory: a user's own model and example batch, and every way a factory can be wrong."""
+"""pipeline.models.factory: a user's own model and example batch, and every way a factory can be wrong."""
 
 import pytest
 import torch
 
-from pipeline.batch import example_input
-from pipeline.candidates import find_candidates
 from pipeline.core.errors import PipesplitError
-from pipeline.models import build_model, resolve_spec
+from pipeline.models.batch import example_input
+from pipeline.models.build import build_model, resolve_spec
+from pipeline.models.candidates import find_candidates
 
 FILE = "tests/factories/tiny_mlp.py"
 

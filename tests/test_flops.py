@@ -1,8 +1,8 @@
 import pytest
 
 from costmodel.flops import count_flops, vit_macs
-from pipeline.batch import example_input
-from pipeline.models import build_model, resolve_spec
+from pipeline.models.batch import example_input
+from pipeline.models.build import build_model, resolve_spec
 
 
 @pytest.mark.slow

@@ -1,4 +1,4 @@
-"""pipeline.hf: transformers models from their config, token inputs, and bad input as one line."""
+"""pipeline.models.hf: transformers models from their config, token inputs, and bad input as one line."""
 
 import json
 import subprocess
@@ -7,11 +7,11 @@ import sys
 import pytest
 import torch
 
-from pipeline.batch import example_input
-from pipeline.candidates import find_candidates
 from pipeline.core.errors import PipesplitError
 from pipeline.core.plan import SplitPlan, SplitPoint
-from pipeline.models import build_model, resolve_spec
+from pipeline.models.batch import example_input
+from pipeline.models.build import build_model, resolve_spec
+from pipeline.models.candidates import find_candidates
 
 GPT2 = {"n_layer": 2, "n_embd": 32, "n_head": 2, "vocab_size": 128, "n_positions": 32}
 LLAMA = {"num_hidden_layers": 2, "hidden_size": 32, "intermediate_size": 64, "num_attention_heads": 2,

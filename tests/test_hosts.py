@@ -8,8 +8,8 @@ from pipeline.core.errors import PipesplitError
 def test_cuda_with_fewer_gpus_than_stages_falls_back_to_cpu_in_one_line(capsys):
     import torch
 
-    from pipeline.hosts import resolve_device
-    from pipeline.pool import StagePool
+    from pipeline.ranks.hosts import resolve_device
+    from pipeline.ranks.pool import StagePool
 
     if torch.cuda.is_available() and torch.cuda.device_count() >= 2:
         pytest.skip("this machine has a GPU per stage")

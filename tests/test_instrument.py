@@ -3,7 +3,7 @@
 import torch
 from torch import nn
 
-from pipeline.instrument import CommClock, ComputeClock, Peak
+from pipeline.stage.instrument import CommClock, ComputeClock, Peak
 
 
 def test_compute_clock_records_a_span_and_the_bytes_of_each_call():

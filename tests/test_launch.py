@@ -9,7 +9,7 @@ import optuna
 import pytest
 
 from pipeline.core.errors import PipesplitError
-from pipeline.launch import RankPool, follower_exit, torchrun_env
+from pipeline.ranks.launch import RankPool, follower_exit, torchrun_env
 from tests.conftest import TINY_VIT_ARGS, free_port
 
 TORCHRUN_ENV = {"TORCHELASTIC_RUN_ID": "t", "RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0",

@@ -2,7 +2,7 @@
 
 import pickle
 
-from pipeline.messages import ErrorReply, Lost, SegmentReply, TrialOptions
+from pipeline.stage.messages import ErrorReply, Lost, SegmentReply, TrialOptions
 
 
 def test_messages_pickle_and_compare_by_value(tmp_path):

@@ -1,9 +1,9 @@
 import pytest
 import torch
 
-from pipeline.batch import example_input
 from pipeline.core.errors import PipesplitError
-from pipeline.models import build_model, resolve_spec
+from pipeline.models.batch import example_input
+from pipeline.models.build import build_model, resolve_spec
 from tests.conftest import TINY_VIT
 
 

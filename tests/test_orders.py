@@ -1,10 +1,10 @@
-"""pipeline.orders: each schedule's per-rank action order, from torch's own schedule classes."""
+"""pipeline.stage.orders: each schedule's per-rank action order, from torch's own schedule classes."""
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pipeline.core.plan import SCHEDULES, schedule_rule
-from pipeline.orders import normalised, schedule_order
+from pipeline.stage.orders import normalised, schedule_order
 from tests.test_replay import ONE_F_ONE_B
 
 

@@ -54,9 +54,9 @@ def test_equal_size_matches_real_pippy(tiny_spec, stages):
     import pippy
     from pippy.IR import pipe_split
 
-    from pipeline.batch import example_input
-    from pipeline.candidates import find_candidates
-    from pipeline.models import build_model
+    from pipeline.models.batch import example_input
+    from pipeline.models.build import build_model
+    from pipeline.models.candidates import find_candidates
 
     c = find_candidates(build_model(tiny_spec), tiny_spec)
     ours = [c.units[i][0] for i in equal_size_cuts([n for _, n in c.units], stages)]

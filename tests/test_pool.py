@@ -63,7 +63,7 @@ def test_cut_before_the_head_sends_a_strided_view(pool2, tiny_spec, backend):
 def test_timeline_is_consistent_across_ranks(pool2, tiny_spec, backend):
     """Measured spans on one clock: compute in microbatch order without overlap on a rank, a stage never
     computes a microbatch before the previous stage finished it, a receive and a send per microbatch."""
-    from pipeline.timeline import Timeline
+    from pipeline.stage.timeline import Timeline
 
     r = pool2.run(plan(tiny_spec, backend, chunks=4), repeats=2, serial_all=False)
     assert r.ok, r.reason
@@ -147,7 +147,7 @@ SWIN = {"img_size": 64, "window_size": 2, "depths": [1, 1, 2, 1], "embed_dim": 2
 def test_any_cut_of_any_layout_arrives_contiguous_on_both_backends(pool2, backend, name, kwargs, image, cut):
     """Every value that crosses a cut arrives in a contiguous buffer (gloo refuses others), wherever the cut
     falls and whatever the layout of the value there."""
-    from pipeline.models import resolve_spec
+    from pipeline.models.build import resolve_spec
 
     spec = resolve_spec(name, kwargs=kwargs, batch_size=4, image_size=image)
     plan = SplitPlan(model=spec, split_points=(SplitPoint.parse(cut),), chunks=2, backend=backend)

@@ -7,8 +7,8 @@ import pytest
 from pipeline.core.errors import PipesplitError
 from pipeline.core.plan import SplitPlan, SplitPoint
 from pipeline.core.spec import ModelSpec
-from pipeline.messages import ErrorReply, LinkReply, Lost, TrialOptions, TrialReply
-from pipeline.pooling import check_trial_args, link_samples, result_from_replies
+from pipeline.ranks.pooling import check_trial_args, link_samples, result_from_replies
+from pipeline.stage.messages import ErrorReply, LinkReply, Lost, TrialOptions, TrialReply
 
 PLAN = SplitPlan(model=ModelSpec(name="m", batch_size=4), split_points=(SplitPoint("b.1"),), chunks=2)
 

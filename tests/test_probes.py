@@ -2,9 +2,9 @@
 
 import torch
 
-from pipeline.candidates import find_candidates
-from pipeline.models import build_model
-from pipeline.probes import time_segments, timed_repeats
+from pipeline.models.build import build_model
+from pipeline.models.candidates import find_candidates
+from pipeline.stage.probes import time_segments, timed_repeats
 
 
 def test_every_segment_is_timed_at_every_size(tiny_spec):

@@ -7,8 +7,8 @@ import pytest
 from costmodel.flops import count_flops
 from costmodel.profile import load_or_profile, main
 from costmodel.types import Profile
-from pipeline.batch import example_input
-from pipeline.models import build_model
+from pipeline.models.batch import example_input
+from pipeline.models.build import build_model
 
 pytestmark = [pytest.mark.slow, pytest.mark.multiprocess]
 

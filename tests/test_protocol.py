@@ -3,9 +3,9 @@
 import pickle
 
 from pipeline.core.plan import SplitPlan, SplitPoint
-from pipeline.messages import ErrorReply, TrialOptions
-from pipeline.protocol import MeasureLink, RunTrial, handle
-from pipeline.rank import RankState, WorkerConfig
+from pipeline.ranks.protocol import MeasureLink, RunTrial, handle
+from pipeline.stage.messages import ErrorReply, TrialOptions
+from pipeline.stage.rank import RankState, WorkerConfig
 
 
 def test_commands_pickle(tiny_spec):

@@ -1,6 +1,6 @@
 """A rank's lasting state without a process group: one model cached at a time, one-line exceptions."""
 
-from pipeline.rank import RankState, WorkerConfig, one_line
+from pipeline.stage.rank import RankState, WorkerConfig, one_line
 
 
 def test_the_model_is_built_once_per_spec(tiny_spec):

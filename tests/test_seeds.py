@@ -3,8 +3,8 @@
 import pytest
 
 from costmodel.types import Link, Profile, Segment
-from pipeline.candidates import find_candidates
-from pipeline.models import build_model
+from pipeline.models.build import build_model
+from pipeline.models.candidates import find_candidates
 from search.seeds import seeds
 
 

@@ -4,9 +4,9 @@ import torch
 from torch.distributed.pipelining import SplitPoint as TorchSplitPoint
 from torch.distributed.pipelining import pipeline
 
-from pipeline.batch import example_input
-from pipeline.models import build_model
-from pipeline.stages import _fresh, contiguous_receives
+from pipeline.models.batch import example_input
+from pipeline.models.build import build_model
+from pipeline.stage.build import _fresh, contiguous_receives
 
 
 def test_a_strided_value_crossing_a_cut_gets_a_contiguous_receive_buffer(tiny_spec):

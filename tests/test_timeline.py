@@ -2,7 +2,7 @@
 
 import pytest
 
-from pipeline.timeline import Span, Timeline, render
+from pipeline.stage.timeline import Span, Timeline, render
 from tests.conftest import good_timeline as good
 
 

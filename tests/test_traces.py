@@ -5,10 +5,10 @@ import copy
 import torch
 from torch.distributed.pipelining import SplitPoint, pipeline
 
-from pipeline.batch import example_input
-from pipeline.candidates import find_candidates
-from pipeline.models import build_model
-from pipeline.traces import TraceCache
+from pipeline.models.batch import example_input
+from pipeline.models.build import build_model
+from pipeline.models.candidates import find_candidates
+from pipeline.models.traces import TraceCache
 
 
 def test_a_pipe_from_the_cache_equals_a_fresh_trace(tiny_spec):

@@ -1,4 +1,4 @@
-"""pipeline.training: targets, loss, tied parameters and the gradient check; real 2-rank training steps."""
+"""pipeline.stage.training: targets, loss, tied parameters and the gradient check; real 2-rank training steps."""
 
 import json
 
@@ -8,12 +8,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import nn
 
-from pipeline.batch import example_input
 from pipeline.core.errors import PipesplitError
 from pipeline.core.plan import SplitPlan, SplitPoint
-from pipeline.models import build_model, resolve_spec
-from pipeline.orders import schedule_order
-from pipeline.training import IGNORE, Reference, aliases, check_grads, loss_fn, make_optimizer, make_target, reference
+from pipeline.models.batch import example_input
+from pipeline.models.build import build_model, resolve_spec
+from pipeline.stage.orders import schedule_order
+from pipeline.stage.training import IGNORE, Reference, aliases, check_grads, loss_fn, make_optimizer, make_target, reference
 
 GPT2 = {"n_layer": 2, "n_embd": 32, "n_head": 2, "vocab_size": 128, "n_positions": 32}
 

@@ -13,8 +13,8 @@ pytestmark = [pytest.mark.multiprocess, pytest.mark.slow]
 DRIVER = """
 import sys
 from pipeline.core.plan import SplitPlan, SplitPoint
-from pipeline.models import resolve_spec
-from pipeline.pool import StagePool
+from pipeline.models.build import resolve_spec
+from pipeline.ranks.pool import StagePool
 from tests.conftest import TINY_VIT
 spec = resolve_spec("deit_tiny_patch16_224", kwargs=TINY_VIT, batch_size=8)
 plan = SplitPlan(model=spec, split_points=(SplitPoint("blocks.2"),), chunks=2)

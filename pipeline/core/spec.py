@@ -72,7 +72,7 @@ class ModelSpec:
     batch_size: int = 32
     """Samples in the whole batch that the pipeline splits into chunks."""
     input_shape: tuple[int, ...] = (3, 224, 224)
-    """One sample's shape, derived from the model's config by ``pipeline.models.resolve_spec``."""
+    """One sample's shape, derived from the model's config by ``pipeline.models.build.resolve_spec``."""
     dtype: str = "float32"
     """Parameter dtype, and the input's unless ``input_dtype`` says otherwise."""
     input_dtype: str | None = None

@@ -1,7 +1,7 @@
 """The rank protocol's data: trial options and every reply a rank sends back, as frozen dataclasses.
 
 Plain data (no torch), pickled over the local pool's pipes or gathered over torchrun's gloo control
-group; the commands that produce them are in ``pipeline.protocol``.
+group; the commands that produce them are in ``pipeline.ranks.protocol``.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ class TrialOptions:
     (a fresh stage's first run is no slower than its next ones once a run takes seconds; the search does
     this for such models: ``search.runner.check_on_first_repeat``)."""
     cached_trace: bool = True
-    """Build torch-backend stages from the worker's cached export of the model (``pipeline.traces``);
+    """Build torch-backend stages from the worker's cached export of the model (``pipeline.models.traces``);
     False traces the model afresh for this plan."""
     keep: bool = False
     """Keep the built stage on every rank afterwards, so that a ``resume`` trial of the same plan can add repeats."""

@@ -25,12 +25,12 @@ from pipeline.core.errors import PipesplitError
 from pipeline.core.plan import SplitPlan
 from pipeline.core.result import TrialResult
 from pipeline.core.spec import ModelSpec
-from pipeline.hosts import TorchrunEnv, check_device, default_threads, torchrun_env
-from pipeline.messages import ErrorReply, Reply, SegmentReply, TrialOptions
-from pipeline.pool import StagePool
-from pipeline.pooling import Pool, check_trial_args, link_samples, result_from_replies
-from pipeline.protocol import Command, Configure, MeasureLink, ProfileSegments, RunTrial, Stop, handle
-from pipeline.rank import RankState, WorkerConfig, join_group
+from pipeline.ranks.hosts import TorchrunEnv, check_device, default_threads, torchrun_env
+from pipeline.ranks.pool import StagePool
+from pipeline.ranks.pooling import Pool, check_trial_args, link_samples, result_from_replies
+from pipeline.ranks.protocol import Command, Configure, MeasureLink, ProfileSegments, RunTrial, Stop, handle
+from pipeline.stage.messages import ErrorReply, Reply, SegmentReply, TrialOptions
+from pipeline.stage.rank import RankState, WorkerConfig, join_group
 
 __all__ = ["RankPool", "follow", "follower_exit", "lend_pool", "open_pool", "release_followers", "torchrun_env"]
 

@@ -1,7 +1,7 @@
 """The rank protocol: each command a frozen dataclass that carries the code it runs on a rank.
 
 The driver (the local pool's parent, or rank 0 under torchrun) sends one command to every rank; each
-rank calls ``handle`` and sends back one reply of ``pipeline.messages``. A command that raises becomes
+rank calls ``handle`` and sends back one reply of ``pipeline.stage.messages``. A command that raises becomes
 a fatal ``ErrorReply`` with its reason: the process group may be broken, so the pool restarts.
 """
 
@@ -15,10 +15,10 @@ import torch.distributed as dist
 
 from pipeline.core.plan import SplitPlan
 from pipeline.core.spec import ModelSpec
-from pipeline.messages import ErrorReply, LinkReply, Reply, SegmentReply, TrialOptions, TrialReply
-from pipeline.probes import ping_pong, time_segments
-from pipeline.rank import RankState, one_line
-from pipeline.trial import run_trial
+from pipeline.stage.messages import ErrorReply, LinkReply, Reply, SegmentReply, TrialOptions, TrialReply
+from pipeline.stage.probes import ping_pong, time_segments
+from pipeline.stage.rank import RankState, one_line
+from pipeline.stage.trial import run_trial
 
 __all__ = ["Command", "Configure", "MeasureLink", "ProfileSegments", "RunTrial", "Stop", "handle"]
 

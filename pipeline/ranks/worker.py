@@ -1,7 +1,7 @@
 """One local stage worker process: join the group, then answer the driver's commands until ``Stop``.
 
-The commands and what they run are in ``pipeline.protocol``; the state a worker keeps across trials is
-``pipeline.rank.RankState``. A driver that dies closes the pipe: the worker then leaves quietly.
+The commands and what they run are in ``pipeline.ranks.protocol``; the state a worker keeps across trials is
+``pipeline.stage.rank.RankState``. A driver that dies closes the pipe: the worker then leaves quietly.
 """
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ from multiprocessing.connection import Connection
 
 import torch.distributed as dist
 
-from pipeline.messages import ErrorReply, Ready
-from pipeline.protocol import Configure, Stop, handle
-from pipeline.rank import WorkerConfig, join_group, one_line
+from pipeline.ranks.protocol import Configure, Stop, handle
+from pipeline.stage.messages import ErrorReply, Ready
+from pipeline.stage.rank import WorkerConfig, join_group, one_line
 
 __all__ = ["worker_main"]
 

@@ -13,11 +13,11 @@ import torch.distributed as dist
 import torch.fx as fx
 from torch import nn
 
-from pipeline.batch import Batch, first_chunk
 from pipeline.core.errors import one_line
 from pipeline.core.plan import BACKENDS, MULTI_SCHEDULES, SplitPlan
-from pipeline.traces import TraceCache
-from pipeline.training import aliases, loss_fn, make_optimizer, tied_grads
+from pipeline.models.batch import Batch, first_chunk
+from pipeline.models.traces import TraceCache
+from pipeline.stage.training import aliases, loss_fn, make_optimizer, tied_grads
 
 
 @dataclass

@@ -1,6 +1,6 @@
 """Build any model a ModelSpec names, and its batch: random weights (no downloads), an optional local checkpoint.
 
-Three sources: timm (the default), ``hf:<type>`` (``pipeline.hf``) and a user's factory (``pipeline.factory``).
+Three sources: timm (the default), ``hf:<type>`` (``pipeline.models.hf``) and a user's factory (``pipeline.models.factory``).
 """
 
 from __future__ import annotations
@@ -30,11 +30,11 @@ def _check_name(name: str) -> None:
 def _create(spec: ModelSpec) -> nn.Module:
     """A fresh model of ``spec``'s source (the caller seeds torch first)."""
     if spec.source == "hf":
-        from pipeline.hf import build_hf
+        from pipeline.models.hf import build_hf
 
         return build_hf(spec.name, dict(spec.kwargs))
     if spec.source == "factory":
-        from pipeline.factory import build_factory
+        from pipeline.models.factory import build_factory
 
         return build_factory(spec.name, dict(spec.kwargs))
     return _create_timm(spec.name, dict(spec.kwargs))
@@ -103,7 +103,7 @@ def resolve_spec(
     common: dict[str, Any] = {"name": name, "source": source, "kwargs": kwargs, "dtype": dtype,
                               "checkpoint": checkpoint, "seed": seed}
     if source == "hf":
-        from pipeline.hf import check_runs, hf_input
+        from pipeline.models.hf import check_runs, hf_input
 
         tokens = hf_input(name, kwargs, seq_len)
         spec = ModelSpec(batch_size=32 if batch_size is None else batch_size, input_shape=(tokens.seq_len,),
@@ -111,7 +111,7 @@ def resolve_spec(
         check_runs(_create(spec), name, tokens.vocab, kwargs)
         return spec
     if source == "factory":
-        from pipeline.factory import factory_input
+        from pipeline.models.factory import factory_input
 
         ex = factory_input(name, kwargs)
         return _with_inputs(ModelSpec(batch_size=ex.batch_size if batch_size is None else batch_size, **common),
@@ -134,7 +134,7 @@ def fit_input(spec: ModelSpec, *, given: bool) -> ModelSpec:
     """``spec`` with the input shape its model takes: derived from the model when the plan gave none (as the
     CLI derives it), checked against the model when it did (a fixed-size model names its own size)."""
     if spec.source == "hf":
-        from pipeline.hf import hf_input
+        from pipeline.models.hf import hf_input
 
         tokens = hf_input(spec.name, dict(spec.kwargs), spec.input_shape[0] if given else None)
         return replace(spec, input_shape=(tokens.seq_len,), input_dtype="int64", input_high=tokens.vocab,
@@ -142,7 +142,7 @@ def fit_input(spec: ModelSpec, *, given: bool) -> ModelSpec:
     if spec.source == "factory":
         if given:
             return spec
-        from pipeline.factory import factory_input
+        from pipeline.models.factory import factory_input
 
         return _with_inputs(spec, factory_input(spec.name, dict(spec.kwargs)).inputs)
     model = _create_timm(spec.name, dict(spec.kwargs))

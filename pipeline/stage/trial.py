@@ -24,15 +24,15 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from pipeline.batch import Batch, example_input, rows
 from pipeline.core.errors import PipesplitError, one_line
 from pipeline.core.plan import SplitPlan
 from pipeline.core.result import OutputCheck
-from pipeline.instrument import CommClock, CommSpan, ComputeClock, Span, hook_pippy_p2p, quiet_stderr, since
-from pipeline.messages import ErrorReply, TrialOptions, TrialReply
-from pipeline.rank import RankState
-from pipeline.stages import BuiltStage, build_stage, other_backend
-from pipeline.training import SerialTrainer, check_grads, make_target
+from pipeline.models.batch import Batch, example_input, rows
+from pipeline.stage.build import BuiltStage, build_stage, other_backend
+from pipeline.stage.instrument import CommClock, CommSpan, ComputeClock, Span, hook_pippy_p2p, quiet_stderr, since
+from pipeline.stage.messages import ErrorReply, TrialOptions, TrialReply
+from pipeline.stage.rank import RankState
+from pipeline.stage.training import SerialTrainer, check_grads, make_target
 
 __all__ = ["run_trial"]
 

@@ -1,6 +1,6 @@
 """A stage worker's lasting state: its rank in the process group, its device, and the models it caches.
 
-Shared by the local pool's worker processes and torchrun's ranks; the commands of ``pipeline.protocol``
+Shared by the local pool's worker processes and torchrun's ranks; the commands of ``pipeline.ranks.protocol``
 run against it.
 """
 
@@ -17,14 +17,14 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from pipeline.batch import Batch
 from pipeline.core.errors import one_line
 from pipeline.core.spec import ModelSpec
-from pipeline.instrument import CommClock, Peak, hook_torch_p2p
 from pipeline.logs import quiet_logs
-from pipeline.models import build_model
-from pipeline.traces import TraceCache
-from pipeline.training import Reference, reference
+from pipeline.models.batch import Batch
+from pipeline.models.build import build_model
+from pipeline.models.traces import TraceCache
+from pipeline.stage.instrument import CommClock, Peak, hook_torch_p2p
+from pipeline.stage.training import Reference, reference
 
 __all__ = ["RankState", "WorkerConfig", "gpu_index", "join_group", "one_line"]
 
@@ -61,7 +61,7 @@ class RankState:
         """The serial training step's loss and gradients per model, for every training trial's check."""
         self.warm: set[tuple[str, int]] = set()
         self.traces = TraceCache()
-        """The model's exports, reused to build torch-backend stages (``pipeline.traces``)."""
+        """The model's exports, reused to build torch-backend stages (``pipeline.models.traces``)."""
         self.peak = Peak(self.device)
         self.comm: CommClock | None = None
         self.kept: tuple[str, Any, float, float, int, Any] | None = None

@@ -25,7 +25,7 @@ from typing import Any
 import torch
 from torch import fx, nn
 
-from pipeline.batch import Batch
+from pipeline.models.batch import Batch
 
 __all__ = ["LIMIT", "TraceCache", "call_events", "marker_fqn"]
 

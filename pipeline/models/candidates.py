@@ -11,12 +11,12 @@ from typing import Any
 
 from torch import nn
 
-from pipeline.batch import example_input, rows
 from pipeline.core.errors import PipesplitError
 from pipeline.core.plan import SplitPlan, SplitPoint
 from pipeline.core.policies import PolicyInputs, policy
 from pipeline.core.spec import ModelSpec
-from pipeline.traces import call_events
+from pipeline.models.batch import example_input, rows
+from pipeline.models.traces import call_events
 
 GRANULARITIES = ("block", "layer")
 _CONTAINERS = (nn.Sequential, nn.ModuleList)

@@ -17,12 +17,12 @@ from pipeline.core.errors import PipesplitError
 from pipeline.core.plan import SplitPlan
 from pipeline.core.result import TrialResult
 from pipeline.core.spec import ModelSpec
-from pipeline.hosts import available_cores, check_device, default_threads
-from pipeline.messages import ErrorReply, Lost, Ready, Reply, SegmentReply, TrialOptions
-from pipeline.pooling import check_trial_args, link_samples, result_from_replies
-from pipeline.protocol import MeasureLink, ProfileSegments, RunTrial, Stop
-from pipeline.rank import WorkerConfig
-from pipeline.worker import worker_main
+from pipeline.ranks.hosts import available_cores, check_device, default_threads
+from pipeline.ranks.pooling import check_trial_args, link_samples, result_from_replies
+from pipeline.ranks.protocol import MeasureLink, ProfileSegments, RunTrial, Stop
+from pipeline.ranks.worker import worker_main
+from pipeline.stage.messages import ErrorReply, Lost, Ready, Reply, SegmentReply, TrialOptions
+from pipeline.stage.rank import WorkerConfig
 
 __all__ = ["StagePool"]
 
@@ -172,7 +172,7 @@ class StagePool:
 
     def profile(self, spec: ModelSpec, granularity: str, micro: list[int], repeats: int, warmup: int,
                 timeout_s: float = 3600.0) -> list[SegmentReply]:
-        """Every rank times every segment at once (``pipeline.probes.time_segments``); one reply per rank."""
+        """Every rank times every segment at once (``pipeline.stage.probes.time_segments``); one reply per rank."""
         cmd = ProfileSegments(spec=spec, granularity=granularity, micro=tuple(micro), repeats=repeats, warmup=warmup)
         return [r for r in self._command(cmd, timeout_s, "profile in the stage workers") if isinstance(r, SegmentReply)]
 

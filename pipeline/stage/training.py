@@ -16,9 +16,9 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from pipeline.batch import Batch
 from pipeline.core.errors import PipesplitError
 from pipeline.core.spec import ModelSpec
+from pipeline.models.batch import Batch
 
 __all__ = ["IGNORE", "GradCheck", "Reference", "SerialTrainer", "aliases", "check_grads", "loss_fn",
            "make_optimizer", "make_target", "reference", "tied_grads"]

@@ -3,7 +3,7 @@
 One trace of the model with a cut at *every* candidate gives the segments exactly as a pipeline runs
 them (torch's ``pipeline(split_spec=...)``); each segment is timed at every microbatch size on this
 rank's device and threads, while the other ranks do the same (``together`` lines them up). The cost
-model sends these as commands (``pipeline.protocol``) and fits its numbers to the replies; nothing here
+model sends these as commands (``pipeline.ranks.protocol``) and fits its numbers to the replies; nothing here
 imports the cost model.
 """
 
@@ -21,13 +21,13 @@ import torch.distributed as dist
 from torch import fx, nn
 from torch.utils._pytree import tree_leaves
 
-from pipeline.batch import Batch, example_input, rows
-from pipeline.candidates import Candidates, find_candidates
 from pipeline.core.errors import PipesplitError
 from pipeline.core.spec import ModelSpec
-from pipeline.messages import LinkReply, SegmentReply
-from pipeline.models import build_model
-from pipeline.stages import use_codegen
+from pipeline.models.batch import Batch, example_input, rows
+from pipeline.models.build import build_model
+from pipeline.models.candidates import Candidates, find_candidates
+from pipeline.stage.build import use_codegen
+from pipeline.stage.messages import LinkReply, SegmentReply
 
 __all__ = ["SegmentRunner", "ping_pong", "stage_targets", "time_segments", "timed_repeats", "trace_all_cuts"]
 

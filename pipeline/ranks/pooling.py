@@ -13,7 +13,7 @@ from pipeline.core.errors import PipesplitError
 from pipeline.core.plan import SplitPlan
 from pipeline.core.result import Breakdown, TrialResult, median
 from pipeline.core.spec import ModelSpec
-from pipeline.messages import ErrorReply, LinkReply, Lost, Reply, SegmentReply, TrialOptions, TrialReply
+from pipeline.stage.messages import ErrorReply, LinkReply, Lost, Reply, SegmentReply, TrialOptions, TrialReply
 
 __all__ = ["Pool", "check_trial_args", "link_samples", "result_from_replies"]
 
