@@ -162,7 +162,8 @@ def trial_counts(study: optuna.Study) -> dict[str, int]:
     """How the study's trials ended: measured (by seeds and by the sampler; raced out among them), pruned,
     infeasible, repeated; the timed repeats spent; the space's size."""
     out = {"stored": 0, "measured": 0, "seeds": 0, "raced_out": 0, "repeats": 0, "pruned": 0, "infeasible": 0,
-           "over_memory": 0, "duplicates": 0, "skipped": 0, "space": int(study.user_attrs.get("space_size") or 0)}
+           "over_memory": 0, "predicted_over": 0, "duplicates": 0, "skipped": 0,
+           "space": int(study.user_attrs.get("space_size") or 0)}
     for t in study.get_trials(deepcopy=False):
         a = t.user_attrs
         out["stored"] += 1
@@ -174,6 +175,8 @@ def trial_counts(study: optuna.Study) -> dict[str, int]:
             out["repeats"] += int(a.get("repeats", 0))
         elif a.get("pruned_by"):
             out["pruned"] += 1
+        elif a.get("over_memory"):
+            out["predicted_over"] += 1
         elif a.get("infeasible"):
             out["infeasible"] += 1
         elif "duplicate_of" in a:
@@ -197,9 +200,11 @@ def budget_line(c: dict[str, int], asked: int | None, budget_repeats: int | None
     if asked is not None and c["measured"] < asked:
         if budget_repeats is not None and c.get("repeats", 0) >= budget_repeats:
             text += " The search stopped when its repeat budget was spent."
-        elif c.get("space") and c["measured"] + c["pruned"] >= c["space"]:
+        elif c.get("space") and c["measured"] + c["pruned"] + c.get("predicted_over", 0) >= c["space"]:
+            over = (f", {c['predicted_over']} predicted over --max-stage-memory and not run"
+                    if c.get("predicted_over") else "")
             text += (f" The space holds only {c['space']} plans ({c['measured']} measured, {c['pruned']} pruned by "
-                     "the cost model): every one was tried.")
+                     f"the cost model{over}): every one was tried, each once.")
         else:
             text += (f" The search stopped short: of the sampler's other proposals, {c['pruned']} were pruned by "
                      "the cost model (predicted speedup, corrected by the most optimistic measured/predicted ratio "

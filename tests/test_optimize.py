@@ -207,6 +207,7 @@ def test_a_training_plan_over_the_memory_limit_is_not_run_or_is_infeasible_with_
     assert not list(tmp_path.glob("*/best_split.json"))
     out = capsys.readouterr().out
     assert "No measured plan fits it" in out and "stopping: nothing left to run" in out
+    assert "predicted over --max-stage-memory and not run): every one was tried, each once" in out
     # at most one trial per plan besides the seeds: a plan pruned for memory is never proposed again
     proposed = [t.params for t in study.trials if not t.user_attrs["source"].startswith(("pippy", "costmodel"))]
     assert len(proposed) <= study.user_attrs["space_size"]

@@ -34,3 +34,8 @@ def test_the_budget_line_names_the_repeat_budget_and_a_small_space():
     assert "2 of them raced out early" in line and "The space holds only 6 plans" in line
     line = budget_line(counts, asked=40, budget_repeats=20)
     assert "of a budget of 20" in line and "repeat budget was spent" in line
+    # a space whose plans were predicted over the memory limit: every one has its trial, none is "short"
+    over = counts | {"measured": 1, "seeds": 1, "predicted_over": 6}
+    line = budget_line(over, asked=2)
+    assert "6 predicted over --max-stage-memory and not run): every one was tried, each once" in line
+    assert "stopped short" not in line
