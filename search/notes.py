@@ -74,7 +74,7 @@ def save_trial_note(trial: optuna.Trial, names: Sequence[str], state: str, artif
 
 def study_note(config: Mapping[str, Any], space_size: int, ceiling: float | None) -> str:
     return "\n".join([
-        f"## pipesplit search: {config.get('model')}, {config.get('stages')} stages",
+        f"## pipesplit search: {config.get('model')} on {config.get('stages')} ranks (--stages {config.get('stages')})",
         "",
         f"Every trial is a real {config.get('device')} pipeline run ({config.get('backend')} backend, "
         f"{config.get('schedule')}, {config.get('threads_per_stage')} thread(s) per stage"
