@@ -75,14 +75,12 @@ def seed_count(study: optuna.Study) -> int:
 
 
 def exhausted_summary(study: optuna.Study) -> str:
-    """How the trials of an exhausted space ended, in a few words."""
-    from search.coordination import MEASURED
+    """How the trials of an exhausted space ended, in a few words (``search.export.trial_counts``)."""
+    from search.export import trial_counts
 
-    trials = study.get_trials(deepcopy=False)
-    parts = [(sum(1 for t in trials if t.user_attrs.get(MEASURED)), "measured"),
-             (sum(1 for t in trials if t.user_attrs.get("pruned_by")), "pruned by the cost model"),
-             (sum(1 for t in trials if str(t.user_attrs.get("over_memory", "")).startswith("predicted")),
-              "predicted over the memory limit")]
+    c = trial_counts(study)
+    parts = [(c["measured"], "measured"), (c["pruned"], "pruned by the cost model"),
+             (c["predicted_over"], "predicted over the memory limit")]
     return ", ".join(f"{n} {what}" for n, what in parts if n) or "none measured"
 
 

@@ -23,7 +23,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from search.coordination import MEASURED, speedup_of
 from search.proposals import EXPLORE, Measured, propose
-from search.space import PlanPoint, PlanSpace, best_first
+from search.space import Layout, PlanPoint, PlanSpace, best_first
 
 __all__ = ["PlanSampler", "trial_point", "tried_points"]
 
@@ -41,8 +41,7 @@ def trial_point(t: FrozenTrial, space: PlanSpace) -> PlanPoint | None:
     points = fixed.get("split_points") or []
     if any(p.get("kind", "BEGINNING") != "BEGINNING" for p in points):
         return None
-    per_rank = int(fixed.get("stages_per_rank", 1) or 1)
-    label = str(fixed.get("schedule", "GPipe")) + (f"/V{per_rank}" if per_rank > 1 else "")
+    label = Layout(schedule=str(fixed.get("schedule", "GPipe")), per_rank=int(fixed.get("stages_per_rank", 1) or 1)).label
     params: dict[str, Any] = {f"cut_{i}": p.get("fqn") for i, p in enumerate(points, 1)}
     params["chunks"] = fixed.get("chunks")
     if space.multi:

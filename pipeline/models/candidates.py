@@ -44,9 +44,7 @@ class Candidates:
 
     def check_stages(self, stages: int, model: str, *, per_rank: int = 1) -> None:
         """One line when ``stages`` pieces (``stages / per_rank`` ranks) are more than this model has places
-        to cut (every command asks this)."""
-        if stages < 2:
-            raise PipesplitError(f"--stages must be at least 2 (got {stages})")
+        to cut (every command asks this, after ``pipeline.core.plan.check_ranks``)."""
         if stages > self.max_stages:
             what = (f"--stages {stages // per_rank} with --stages-per-rank {per_rank} ({stages} stages)"
                     if per_rank > 1 else f"--stages {stages}")

@@ -207,11 +207,6 @@ def lend_pool(pool: Pool) -> Iterator[Pool]:
         _LENT.remove(pool)
 
 
-@contextlib.contextmanager
-def _borrowed(pool: Pool) -> Iterator[Pool]:
-    yield pool
-
-
 def open_pool(stages: int, *, device: str = "cpu", threads_per_stage: int | None = None,
               quiet: bool = False) -> AbstractContextManager[Pool]:
     """The stage pool for this process, to use in a ``with``: a pool lent to it (``lend_pool``) of this
@@ -219,7 +214,7 @@ def open_pool(stages: int, *, device: str = "cpu", threads_per_stage: int | None
     threads = threads_per_stage or default_threads(stages)
     for lent in _LENT:
         if (lent.stages, lent.device, lent.threads_per_stage) == (stages, device, threads):
-            return _borrowed(lent)
+            return contextlib.nullcontext(lent)  # borrowed: the lender closes it
     if torchrun_env() is not None:
         return RankPool(stages, device=device, threads_per_stage=threads_per_stage, quiet=quiet)
     return StagePool(stages, device=device, threads_per_stage=threads_per_stage, quiet=quiet)

@@ -37,8 +37,8 @@ from pipeline.stage.training import SerialTrainer, check_grads, make_target
 __all__ = ["run_trial"]
 
 
-def _check_output(state: RankState, plan: SplitPlan, y: Any, model: Any, x: Batch) -> tuple[float, float]:
-    """(max |pipeline - unsplit|, tolerance), computed on the last rank and shared with every rank."""
+def _check_output(state: RankState, plan: SplitPlan, y: Any, model: Any, x: Batch) -> OutputCheck:
+    """max |pipeline - unsplit| and its tolerance, computed on the last rank and shared with every rank."""
     verdict: list[Any] = [None]
     if state.rank == plan.last_rank:
         if plan.model.key not in state.refs:
@@ -50,7 +50,7 @@ def _check_output(state: RankState, plan: SplitPlan, y: Any, model: Any, x: Batc
         verdict = [(diff, rtol * max(1.0, float(ref.float().abs().max())))]
     dist.broadcast_object_list(verdict, src=plan.last_rank)
     diff, tol = verdict[0]
-    return float(diff), float(tol)
+    return OutputCheck(diff=float(diff), tolerance=float(tol))
 
 
 def _mismatch(rank: int, diff: float, tol: float, what: str) -> ErrorReply:
@@ -87,15 +87,12 @@ def _check_step(state: RankState, plan: SplitPlan, stage: BuiltStage, losses: An
         loss = (abs(got - ref.loss), ltol, f"loss {got:.6g} differs from the unsplit model's {ref.loss:.6g}", "loss")
     every: list[Any] = [None] * state.world
     dist.all_gather_object(every, (grad, loss, len(stage.params)))
-    grads = [g for g, _, n in every if n]
-    losses_seen = [lo for _, lo, _ in every if lo is not None]
-    diff, tol, what, name = max(grads + losses_seen, key=_ratio)
-    worst_grad = max(grads, key=_ratio) if grads else None
-    check = OutputCheck(compared="loss and gradients", gradients=sum(n for _, _, n in every),
-                        worst=worst_grad[3] if worst_grad else name,
-                        diff=float(worst_grad[0] if worst_grad else diff), tolerance=float(worst_grad[1] if worst_grad else tol),
-                        loss_diff=float(losses_seen[0][0]) if losses_seen else None,
-                        loss_tolerance=float(losses_seen[0][1]) if losses_seen else None)
+    worst_grad = max((g for g, _, n in every if n), key=_ratio, default=grad)  # ranks whose stage has parameters
+    last = next((lo for _, lo, _ in every if lo is not None), None)
+    diff, tol, what, _ = max([worst_grad] + ([last] if last else []), key=_ratio)
+    check = OutputCheck(compared="loss and gradients", gradients=sum(n for _, _, n in every), worst=worst_grad[3],
+                        diff=float(worst_grad[0]), tolerance=float(worst_grad[1]),
+                        loss_diff=float(last[0]) if last else None, loss_tolerance=float(last[1]) if last else None)
     return float(diff), float(tol), str(what), check
 
 
@@ -183,8 +180,8 @@ def run_trial(state: RankState, plan: SplitPlan, opts: TrialOptions) -> TrialRep
                     if stage.update is not None:
                         stage.update()
                 else:
-                    diff, tol = _check_output(state, plan, y, model, x)
-                    check = OutputCheck(diff=diff, tolerance=tol)
+                    check = _check_output(state, plan, y, model, x)
+                    diff, tol = check.diff, check.tolerance
                     what = "pipeline output differs from the unsplit model"
                 checked = True
                 if not diff <= tol:
@@ -217,8 +214,8 @@ def run_trial(state: RankState, plan: SplitPlan, opts: TrialOptions) -> TrialRep
                 if not checked:  # the first timed repeat's output is the one checked
                     t_c = time.perf_counter()
                     out_bytes = 0 if last else clock.out_bytes
-                    diff, tol = _check_output(state, plan, y, model, x)
-                    check = OutputCheck(diff=diff, tolerance=tol)
+                    check = _check_output(state, plan, y, model, x)
+                    diff, tol = check.diff, check.tolerance
                     checked = True
                     check_in_loop += time.perf_counter() - t_c
                     if not diff <= tol:
