@@ -105,7 +105,7 @@ def _parser() -> argparse.ArgumentParser:
 
 def plan_from_args(args: argparse.Namespace) -> SplitPlan:
     """The plan that the flags describe, validated against the model's real execution order."""
-    from pipeline.models.build import build_model, fit_input
+    from pipeline.models.build import build_meta_model, fit_input
     from pipeline.models.candidates import find_candidates
     from pipeline.ranks.hosts import default_threads, resolve_device
 
@@ -126,7 +126,7 @@ def plan_from_args(args: argparse.Namespace) -> SplitPlan:
                    if getattr(args, k) is not None}
         if changes:
             plan = dataclasses.replace(plan, **changes)
-        cands = find_candidates(build_model(plan.model), plan.model, args.granularity)
+        cands = find_candidates(build_meta_model(plan.model).module, plan.model, args.granularity)
         cands.validate(plan)
         return plan
     if (args.policy is None) == (args.split_points is None):
@@ -137,7 +137,7 @@ def plan_from_args(args: argparse.Namespace) -> SplitPlan:
     if args.stages is not None:
         check_ranks(args.stages, per_rank)
     spec = spec_from_args(args)
-    cands = find_candidates(build_model(spec), spec, args.granularity)
+    cands = find_candidates(build_meta_model(spec).module, spec, args.granularity)
     if args.policy:
         total = args.stages * per_rank
         cands.check_stages(total, spec.label, per_rank=per_rank)

@@ -166,7 +166,7 @@ def run_study(cfg: SearchConfig, *, references: bool = False) -> StudyRun:
     from costmodel.partition import ranked
     from costmodel.profile import load_for_stages
     from pipeline.core.atomic import check_writable
-    from pipeline.models.build import build_model
+    from pipeline.models.build import build_meta_model
     from pipeline.models.candidates import find_candidates
     from pipeline.ranks.hosts import default_threads, resolve_device
     from pipeline.ranks.launch import open_pool
@@ -188,7 +188,7 @@ def run_study(cfg: SearchConfig, *, references: bool = False) -> StudyRun:
     storage = open_storage(cfg.storage)
     spec = cfg.model.resolve()
     granularity = cfg.model.granularity
-    cands = find_candidates(build_model(spec), spec, granularity)
+    cands = find_candidates(build_meta_model(spec).module, spec, granularity)
     cands.check_stages(cfg.stages, spec.label)
     stages = cfg.stages
     choice = choose_layouts(cfg.schedules, cfg.stages_per_rank, ranks=stages, mode=cfg.mode,

@@ -62,7 +62,7 @@ def _run(args: argparse.Namespace) -> int:
     if torchrun_env() is not None:
         raise PipesplitError("a sweep needs a different number of processes per stage count: under torchrun, "
                              "run python -m search.optimize --stages <nnodes x nproc-per-node> instead")
-    from pipeline.models.build import build_model
+    from pipeline.models.build import build_meta_model
     from pipeline.models.candidates import find_candidates
     from search.config import SearchConfig
     from search.optimize import run_study
@@ -75,7 +75,7 @@ def _run(args: argparse.Namespace) -> int:
     if base.trials is None:
         base = replace(base, trials=SWEEP_TRIALS)
     spec = base.model.resolve()
-    cands = find_candidates(build_model(spec), spec, base.model.granularity)
+    cands = find_candidates(build_meta_model(spec).module, spec, base.model.granularity)
     too_many = [s for s in counts if s > cands.max_stages]
     if too_many:
         cands.check_stages(too_many[0], spec.label)

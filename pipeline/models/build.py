@@ -16,6 +16,8 @@ from torch import nn
 
 from pipeline.core.errors import PipesplitError
 from pipeline.core.spec import ModelSpec, TensorSpec
+from pipeline.models.meta import MetaModel, build_meta, from_eager
+from pipeline.models.weights import checkpoint_reader, whole_model
 
 
 def _check_name(name: str) -> None:
@@ -169,40 +171,27 @@ def torch_dtype(spec: ModelSpec) -> torch.dtype:
     return dtype
 
 
+def build_meta_model(spec: ModelSpec) -> MetaModel:
+    """The model on the meta device, its build recorded so that any of its tensors can be made by name
+    (``pipeline.models.meta``); a checkpoint is read key by key. A model whose code cannot run on meta is
+    built for real once, with one line saying why (its process then holds it whole)."""
+    checkpoint = checkpoint_reader(spec.checkpoint, spec.label)
+    try:
+        meta = build_meta(lambda: _create(spec), spec.seed, torch_dtype(spec))
+    except Exception as e:  # noqa: BLE001 - the eager build below fails with the user's own error, or works
+        torch.manual_seed(spec.seed)
+        eager = _create(spec).to(torch_dtype(spec)).eval()
+        warnings.warn(f"{spec.label} cannot be built on the meta device ({_first(e)}); built whole on this "
+                      "process instead: create its tensors without an explicit device and without reading "
+                      "their values in __init__ to avoid this", stacklevel=2)
+        meta = from_eager(eager, spec.seed)
+    if checkpoint is not None:
+        checkpoint.check(meta)
+        meta.given = checkpoint.get
+    return meta
+
+
 def build_model(spec: ModelSpec) -> nn.Module:
-    """The model in eval mode, weights seeded by ``spec.seed`` (or loaded from ``spec.checkpoint``)."""
-    torch.manual_seed(spec.seed)
-    model = _create(spec)
-    if spec.checkpoint:
-        _load_checkpoint(model, spec.checkpoint, spec.label)
-    return model.to(torch_dtype(spec)).eval()
-
-
-def _load_checkpoint(model: nn.Module, path: str, name: str) -> None:
-    """Load a local state_dict into ``model``; a file that does not fit is one line naming the first
-    missing and unexpected keys (or the first tensor whose shape differs)."""
-    try:
-        with warnings.catch_warnings():  # torch's pickle-protocol warning would stand before our one line
-            warnings.simplefilter("ignore")
-            state = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as e:  # noqa: BLE001 - any unreadable file is the user's input problem
-        why = "not a file of tensors that torch.load(weights_only=True) accepts" if "Unpickl" in type(e).__name__ \
-            else _first(e)
-        raise PipesplitError(f"checkpoint {path} could not be read ({type(e).__name__}: {why})") from None
-    if isinstance(state, dict) and isinstance(state.get("state_dict"), dict):
-        state = state["state_dict"]
-    if not isinstance(state, dict):
-        raise PipesplitError(f"checkpoint {path} holds a {type(state).__name__}, not a state_dict: save "
-                             "model.state_dict() with torch.save")
-    try:
-        result = model.load_state_dict(state, strict=False)
-    except RuntimeError as e:
-        lines = [ln.strip() for ln in str(e).strip().splitlines() if ln.strip()]
-        raise PipesplitError(f"checkpoint {path} does not fit {name}: {lines[1] if len(lines) > 1 else lines[0]}") from None
-    if result.missing_keys or result.unexpected_keys:
-        parts = []
-        if result.missing_keys:
-            parts.append(f"{len(result.missing_keys)} missing key(s), first {result.missing_keys[0]!r}")
-        if result.unexpected_keys:
-            parts.append(f"{len(result.unexpected_keys)} unexpected key(s), first {result.unexpected_keys[0]!r}")
-        raise PipesplitError(f"checkpoint {path} does not fit {name}: {'; '.join(parts)}")
+    """The whole model in eval mode, real on the CPU, with the weights every stage of it gets by name
+    (seeded by ``spec.seed``, or read from ``spec.checkpoint``)."""
+    return whole_model(build_meta_model(spec), torch.device("cpu")).eval()

@@ -106,6 +106,10 @@ def build_hf(model_type: str, kwargs: dict[str, Any]) -> nn.Module:
     except Exception as e:  # noqa: BLE001 - a config that builds no model is the user's input problem
         raise PipesplitError(f"hf:{model_type} cannot be built with --model-kwargs {kwargs}: {one_line(e)}") from None
     model.__class__ = _returns_logits(type(model))
+    if next(model.parameters(), torch.empty(0)).is_meta and hasattr(model, "initialize_weights"):
+        pretrained: Any = model
+        pretrained.initialize_weights()  # transformers skips its own init on meta; the recorded build needs it
+        pretrained.tie_weights()
     return model.eval()
 
 

@@ -16,7 +16,9 @@ from torch import nn
 from pipeline.core.errors import one_line
 from pipeline.core.plan import BACKENDS, MULTI_SCHEDULES, SplitPlan
 from pipeline.models.batch import Batch, first_chunk
+from pipeline.models.meta import MetaModel
 from pipeline.models.traces import TraceCache
+from pipeline.models.weights import materialise_module, meta_inputs, whole_model
 from pipeline.stage.training import aliases, loss_fn, make_optimizer, tied_grads
 
 
@@ -29,6 +31,10 @@ class BuiltStage:
     step: Callable[[Batch | None], Any]
     runtime: Any = None
     """The runtime object that sends and receives (torchpippy's PipelineStage; the schedule for torch)."""
+    split_gm: Any = None
+    """The plan's whole split, every stage on meta: the streamed reference runs it (torch backend)."""
+    own_bytes: int = 0
+    """Bytes of the parameters and buffers this rank materialised for its stages."""
     params: list[tuple[str, nn.Parameter]] = field(default_factory=list)
     """Training: this stage's parameters by their name in the unsplit model (a tied copy by its first name)."""
     update: Callable[[], None] | None = None
@@ -130,26 +136,51 @@ def _no_self_warmup(stage: Any) -> None:
     stage._get_init_p2p_neighbors_ops = ops
 
 
-def _build_torch(plan: SplitPlan, model: nn.Module, x: Batch, rank: int, device: torch.device,
+def name_in(meta: MetaModel) -> Callable[[str], str]:
+    """A stage tensor's name in the model: torch's split keeps the model's names; a tied copy goes by its
+    first name (GPT-2's ``lm_head.weight`` is ``transformer.wte.weight``), as its gradient is checked."""
+    known = meta.tensors
+    first = aliases(meta.module)
+
+    def name_of(n: str) -> str:
+        if n not in known:
+            raise RuntimeError(f"stage tensor {n!r} has no tensor of that name in the model to be made from")
+        return first.get(n, n)
+
+    return name_of
+
+
+def _build_torch(plan: SplitPlan, meta: MetaModel, x: Batch, rank: int, device: torch.device,
                  group: dist.ProcessGroup | None, traces: TraceCache | None = None,
                  target: torch.Tensor | None = None) -> BuiltStage:
     from torch.distributed.pipelining import SplitPoint, pipeline
     from torch.distributed.pipelining.schedules import get_schedule_class
 
     spec = {fqn: getattr(SplitPoint, kind) for fqn, kind in plan.split_spec().items()}
-    mb = first_chunk(x, plan.chunks)
+    mb = meta_inputs(first_chunk(x, plan.chunks))
     train = plan.mode == "train"
-    # Trace with autograd on: tracing under no_grad breaks torch's unflatten on some versions. A training stage
-    # owns its parameters: never one from the cache, whose stages share the cached export's.
-    pipe = traces.pipe(plan.model.key, model, mb, plan.split_spec()) if traces is not None and not train else None
+    # The split is cut from the model on meta (no rank holds it real); each rank then makes its own stages.
+    pipe = traces.pipe(plan.model.key, meta.module, mb, plan.split_spec()) if traces is not None else None
     if pipe is None:
-        pipe = pipeline(_fresh(model), mb_args=mb, split_spec=spec)
+        pipe = pipeline(_fresh(meta.module), mb_args=mb, split_spec=spec)
     if pipe.num_stages != plan.stages:
         raise RuntimeError(f"tracing produced {pipe.num_stages} stages, the plan has {plan.stages}")
     contiguous_receives(pipe.split_gm)
     order = first_stage_order(pipe.split_gm)
     held = plan.rank_stages(rank)
-    built = [pipe.build_stage(i, device, group) for i in held]
+    name_of = name_in(meta)
+    built, own = [], 0
+    for i in held:
+        on_meta = pipe.get_stage_module(i)
+        target_name = next(n for n, m in pipe.split_gm.named_children() if m is on_meta)
+        real = copy.deepcopy(on_meta)
+        own += materialise_module(real, meta, device, name_of, train=train)
+        setattr(pipe.split_gm, target_name, real)
+        try:
+            built.append(pipe.build_stage(i, device, group))
+        finally:
+            setattr(pipe.split_gm, target_name, on_meta)  # the split stays on meta for the reference
+    split_gm = pipe.split_gm
     del pipe
     for st in built:
         _no_self_warmup(st)
@@ -172,13 +203,15 @@ def _build_torch(plan: SplitPlan, model: nn.Module, x: Batch, rank: int, device:
         return tuple(inp[i] for i in order) if first and inp is not None else ()
 
     if train:
-        built_stage = _trainer(plan, model, modules, schedule, args, last, target)
+        built_stage = _trainer(plan, meta.module, modules, schedule, args, last, target)
     else:
         def step(inp: Batch | None) -> Any:
             return schedule.step(*args(inp))
 
         built_stage = BuiltStage(modules=modules, step=step, runtime=schedule)
     built_stage.work = log
+    built_stage.split_gm = split_gm
+    built_stage.own_bytes = own
     return built_stage
 
 
@@ -244,12 +277,13 @@ def first_stage_order(split_gm: Any) -> list[int]:
     return [inputs.index(a) for a in taken]
 
 
-def _build_pippy(plan: SplitPlan, model: nn.Module, x: Batch, rank: int, device: torch.device,
+def _build_pippy(plan: SplitPlan, meta: MetaModel, x: Batch, rank: int, device: torch.device,
                  group: dist.ProcessGroup | None) -> BuiltStage:
+    """torchpippy 0.2 traces a real model: this rank makes the whole model (on the CPU), then keeps its stage."""
     import pippy
     from pippy.IR import PipeSplitWrapper
 
-    fresh = _fresh(model)
+    fresh = whole_model(meta, torch.device("cpu")).eval()
     pippy.annotate_split_points(
         fresh, {fqn: getattr(PipeSplitWrapper.SplitPoint, kind) for fqn, kind in plan.split_spec().items()}
     )
@@ -287,12 +321,12 @@ def _explained(built: BuiltStage, plan: SplitPlan) -> BuiltStage:
     return built
 
 
-def build_stage(plan: SplitPlan, model: nn.Module, x: Batch, rank: int, device: torch.device,
+def build_stage(plan: SplitPlan, meta: MetaModel, x: Batch, rank: int, device: torch.device,
                 group: dist.ProcessGroup | None = None, traces: TraceCache | None = None,
                 target: torch.Tensor | None = None) -> BuiltStage:
-    """Trace ``model`` (never modified) with the plan's cuts and keep this rank's stage; on the torch
-    backend, from the worker's cached export (``traces``) where it marks the plan's cuts (inference only).
-    A training plan's last rank takes the loss's ``target``."""
+    """Cut the model on meta (never modified) at the plan's cuts and make this rank's stages real; on the
+    torch backend from the worker's cached export (``traces``) where it marks the plan's cuts. A training
+    plan's last rank takes the loss's ``target``."""
     if plan.backend == "torch":
-        return _explained(_build_torch(plan, model, x, rank, device, group, traces, target), plan)
-    return _explained(_build_pippy(plan, model, x, rank, device, group), plan)
+        return _explained(_build_torch(plan, meta, x, rank, device, group, traces, target), plan)
+    return _explained(_build_pippy(plan, meta, x, rank, device, group), plan)

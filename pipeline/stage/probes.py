@@ -24,7 +24,7 @@ from torch.utils._pytree import tree_leaves
 from pipeline.core.errors import PipesplitError
 from pipeline.core.spec import ModelSpec
 from pipeline.models.batch import Batch, example_input, rows
-from pipeline.models.build import build_model
+from pipeline.models.build import build_meta_model, build_model
 from pipeline.models.candidates import Candidates, find_candidates
 from pipeline.stage.build import use_codegen
 from pipeline.stage.messages import LinkReply, SegmentReply
@@ -220,7 +220,7 @@ def time_segments(spec: ModelSpec, *, granularity: str, micro: Sequence[int], re
     ``train`` also times each segment's backward (whole, input grad, weight grad) and optimizer step."""
     sync: Callable[[], None] = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
     model = build_model(spec).to(device)
-    cands = find_candidates(build_model(spec), spec, granularity)
+    cands = find_candidates(build_meta_model(spec).module, spec, granularity)
     n = len(cands.blocks)
     x_all = example_input(spec, device)
     lat: dict[int, tuple[float, ...]] = {}

@@ -20,11 +20,12 @@ from torch import nn
 from pipeline.core.errors import one_line
 from pipeline.core.spec import ModelSpec
 from pipeline.logs import quiet_logs
-from pipeline.models.batch import Batch
-from pipeline.models.build import build_model
+from pipeline.models.build import build_meta_model
+from pipeline.models.meta import MetaModel
 from pipeline.models.traces import TraceCache
+from pipeline.models.weights import whole_model
 from pipeline.stage.instrument import CommClock, Peak, hook_torch_p2p
-from pipeline.stage.training import Reference, reference
+from pipeline.stage.training import Reference
 
 __all__ = ["RankState", "WorkerConfig", "gpu_index", "join_group", "one_line"]
 
@@ -55,10 +56,13 @@ class RankState:
         self.cfg = cfg
         self.world = cfg.world_size
         self.device = torch.device(f"cuda:{gpu_index(rank, cfg)}") if cfg.device == "cuda" else torch.device("cpu")
-        self.models: dict[str, nn.Module] = {}
+        self.models: dict[str, MetaModel] = {}
+        """The model on meta, one at a time: every stage is cut from it and made real by name."""
+        self.serial_models: dict[str, nn.Module] = {}
+        """The whole model, real, for the serial baseline (rank 0, only where a trial times one)."""
         self.refs: dict[str, torch.Tensor] = {}
-        self.grad_refs: dict[str, Reference] = {}
-        """The serial training step's loss and gradients per model, for every training trial's check."""
+        self.grad_refs: dict[tuple[str, frozenset[str]], Reference] = {}
+        """The serial training step's loss and the gradients of a set of parameters, per model."""
         self.warm: set[tuple[str, int]] = set()
         self.traces = TraceCache()
         """The model's exports, reused to build torch-backend stages (``pipeline.models.traces``)."""
@@ -73,23 +77,38 @@ class RankState:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
 
-    def model(self, spec: ModelSpec) -> nn.Module:
-        """The unsplit model of ``spec`` on this rank's device, built once (one model cached at a time)."""
+    def model(self, spec: ModelSpec) -> MetaModel:
+        """The unsplit model of ``spec`` on meta, built once (one model cached at a time)."""
         if spec.key not in self.models:
             self.models.clear()
+            self.serial_models.clear()
             self.kept = None
             self.refs.clear()
             self.grad_refs.clear()
             self.warm.clear()
             self.traces = TraceCache()
-            self.models[spec.key] = build_model(spec).to(self.device)
+            self.models[spec.key] = build_meta_model(spec)
         return self.models[spec.key]
 
-    def reference(self, spec: ModelSpec, model: nn.Module, x: Batch, target: torch.Tensor) -> Reference:
-        """The serial training step's loss and gradients for ``spec``'s batch, computed once per model."""
-        if spec.key not in self.grad_refs:
-            self.grad_refs[spec.key] = reference(model, x, target)
-        return self.grad_refs[spec.key]
+    def serial_model(self, spec: ModelSpec) -> nn.Module:
+        """The whole model real on this rank's device (the serial baseline), made once per model."""
+        if spec.key not in self.serial_models:
+            self.serial_models[spec.key] = whole_model(self.model(spec), self.device).eval()
+        return self.serial_models[spec.key]
+
+    def output_ref(self, spec: ModelSpec, make: Callable[[], torch.Tensor]) -> torch.Tensor:
+        """The unsplit model's output for ``spec``'s batch, made once per model."""
+        if spec.key not in self.refs:
+            self.refs[spec.key] = make()
+        return self.refs[spec.key]
+
+    def reference(self, spec: ModelSpec, names: frozenset[str], make: Callable[[], Reference]) -> Reference:
+        """The serial training step's loss and the gradients of ``names``, made once per model and set of names."""
+        key = (spec.key, names)
+        if key not in self.grad_refs:
+            self.grad_refs.clear()  # one set kept: a rank's stage changes from plan to plan
+            self.grad_refs[key] = make()
+        return self.grad_refs[key]
 
     def serial(self, work: Callable[[], object], threads: int | None) -> float:
         """Time ``work`` (the unsplit model's forward, or its training step) on rank 0 while every other rank

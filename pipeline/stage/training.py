@@ -90,7 +90,8 @@ class SerialTrainer:
     """The unsplit model taking whole training steps (forward, loss, backward, optimizer) on a private copy."""
 
     def __init__(self, model: nn.Module, optimizer: str, target: torch.Tensor) -> None:
-        self.model = copy.deepcopy(model)
+        self.model = model
+        """The trainer's own model: its steps change its weights."""
         self.optimizer = make_optimizer(optimizer, self.model.parameters())
         self.target = target
 
@@ -166,6 +167,6 @@ def check_grads(named: list[tuple[str, nn.Parameter]], ref: Reference, rtol: flo
         got = p.grad if p.grad is not None else torch.zeros_like(p)
         diff = float((got.float() - want.float()).abs().max()) if got.numel() else 0.0
         tol = rtol * float(want.float().abs().max()) + 1e-6 if want.numel() else 1.0
-        if diff / tol > worst.diff / worst.tol or not diff == diff:
+        if diff / tol > worst.diff / worst.tol or not diff == diff or not worst.name:
             worst = GradCheck(diff=diff, tol=tol, name=name)
     return worst

@@ -28,22 +28,36 @@ from pipeline.core.errors import PipesplitError, one_line
 from pipeline.core.plan import SplitPlan
 from pipeline.core.result import OutputCheck
 from pipeline.models.batch import Batch, example_input, rows
-from pipeline.stage.build import BuiltStage, build_stage, other_backend
+from pipeline.models.meta import MetaModel, shapes_only
+from pipeline.models.weights import whole_model
+from pipeline.stage.build import BuiltStage, build_stage, name_in, other_backend
 from pipeline.stage.instrument import CommClock, CommSpan, ComputeClock, Span, hook_pippy_p2p, quiet_stderr, since
 from pipeline.stage.messages import ErrorReply, TrialOptions, TrialReply
 from pipeline.stage.rank import RankState
+from pipeline.stage.reference import streamed_output, streamed_step
 from pipeline.stage.training import SerialTrainer, check_grads, make_target
 
 __all__ = ["run_trial"]
 
 
-def _check_output(state: RankState, plan: SplitPlan, y: Any, model: Any, x: Batch) -> OutputCheck:
+def _unsplit_output(state: RankState, plan: SplitPlan, stage: BuiltStage, meta: MetaModel, x: Batch
+                    ) -> torch.Tensor:
+    """The unsplit model's output: streamed stage by stage from the split on meta (``pipeline.stage.reference``),
+    or from the whole model where the backend left no split (torchpippy, which holds it whole anyway)."""
+    if stage.split_gm is not None:
+        return streamed_output(stage.split_gm, meta, x, plan.chunks, state.device, name_in(meta))
+    out = whole_model(meta, state.device).eval()(*x)
+    first: torch.Tensor = out[0] if isinstance(out, (tuple, list)) else out
+    return first
+
+
+def _check_output(state: RankState, plan: SplitPlan, y: Any, stage: BuiltStage, meta: MetaModel, x: Batch
+                  ) -> OutputCheck:
     """max |pipeline - unsplit| and its tolerance, computed on the last rank and shared with every rank."""
     verdict: list[Any] = [None]
     if state.rank == plan.last_rank:
-        if plan.model.key not in state.refs:
-            state.refs[plan.model.key] = model(*x)
-        ref = state.refs[plan.model.key]
+        with torch.no_grad():
+            ref = state.output_ref(plan.model, lambda: _unsplit_output(state, plan, stage, meta, x))
         got = y[0] if isinstance(y, (tuple, list)) else y
         diff = float((got.float() - ref.float()).abs().max())
         rtol = 1e-4 if plan.model.dtype == "float32" else 2e-2
@@ -59,24 +73,27 @@ def _mismatch(rank: int, diff: float, tol: float, what: str) -> ErrorReply:
                       error=f"{kind} check failed: {what} by {diff:.3g} (allowed {tol:.3g})")
 
 
-def _target(plan: SplitPlan, model: Any, x: Batch) -> torch.Tensor:
-    """The loss's fixed target for the whole batch, the same on every rank (the output's shape from one sample)."""
-    with torch.no_grad():
-        one = model(*rows(x, 1))
+def _target(plan: SplitPlan, meta: MetaModel, x: Batch) -> torch.Tensor:
+    """The loss's fixed target for the whole batch, the same on every rank (the output's shape from one
+    sample, run on meta)."""
+    one = shapes_only(meta.module, rows(x, 1))
     out = one[0] if isinstance(one, (tuple, list)) else one
     shape = (plan.model.batch_size, *out.shape[1:])
-    return make_target(plan.model, x, torch.empty(shape, dtype=out.dtype, device=out.device))
+    return make_target(plan.model, x, torch.empty(shape, dtype=out.dtype, device=x[0].device))
 
 
 def _ratio(v: tuple[float, float, str, str]) -> float:
     return v[0] / v[1] if v[0] == v[0] else float("inf")
 
 
-def _check_step(state: RankState, plan: SplitPlan, stage: BuiltStage, losses: Any, model: Any, x: Batch,
+def _check_step(state: RankState, plan: SplitPlan, stage: BuiltStage, losses: Any, meta: MetaModel, x: Batch,
                 target: torch.Tensor) -> tuple[float, float, str, OutputCheck]:
     """(difference, tolerance, what differs, what was compared) of the worst of the pipeline step's loss and
-    every rank's gradients against the serial step from the same weights, the same on every rank."""
-    ref = state.reference(plan.model, model, x, target)
+    every rank's gradients against the serial step from the same weights (streamed, this rank's gradients
+    kept), the same on every rank."""
+    names = frozenset(n for n, _ in stage.params)
+    ref = state.reference(plan.model, names, lambda: streamed_step(stage.split_gm, meta, x, target, plan.chunks,
+                                                                   state.device, names, name_in(meta)))
     rtol = 1e-3 if plan.model.dtype == "float32" else 5e-2
     worst = check_grads(stage.params, ref, rtol)
     grad = (worst.diff, worst.tol, f"gradient of {worst.name} differs from the unsplit model's", worst.name)
@@ -120,11 +137,11 @@ def run_trial(state: RankState, plan: SplitPlan, opts: TrialOptions) -> TrialRep
     train = plan.mode == "train"
     target = None
     try:
-        model = state.model(plan.model)
+        meta = state.model(plan.model)
         x = example_input(plan.model, state.device)
         if train:
-            target = _target(plan, model, x)
-        stage = kept[1] if kept is not None else build_stage(plan, model, x, rank, state.device,
+            target = _target(plan, meta, x)
+        stage = kept[1] if kept is not None else build_stage(plan, meta, x, rank, state.device,
                                                              traces=state.traces if opts.cached_trace else None,
                                                              target=target)
     except Exception as e:  # noqa: BLE001 - reported as the trial's reason
@@ -163,10 +180,13 @@ def run_trial(state: RankState, plan: SplitPlan, opts: TrialOptions) -> TrialRep
     check_in_loop = 0.0
     peak, base = 0, 2**62
     work_events: list[CommSpan] = []
-    trainer = SerialTrainer(model, plan.optimizer, target) if train and rank == 0 and target is not None else None
+    timed_serial = rank == 0 and (opts.serial or opts.serial_all)
+    trainer = SerialTrainer(whole_model(meta, state.device), plan.optimizer, target) \
+        if train and timed_serial and target is not None else None
+    serial_model = state.serial_model(plan.model) if timed_serial and not train else None
 
     def serial_run() -> Any:
-        return trainer.step(x) if trainer is not None else model(*x)
+        return trainer.step(x) if trainer is not None else serial_model(*x) if serial_model is not None else None
 
     try:
         with torch.set_grad_enabled(train):
@@ -176,11 +196,11 @@ def run_trial(state: RankState, plan: SplitPlan, opts: TrialOptions) -> TrialRep
                 out_bytes = 0 if last else clock.out_bytes
                 if train:
                     assert target is not None
-                    diff, tol, what, check = _check_step(state, plan, stage, y, model, x, target)
+                    diff, tol, what, check = _check_step(state, plan, stage, y, meta, x, target)
                     if stage.update is not None:
                         stage.update()
                 else:
-                    check = _check_output(state, plan, y, model, x)
+                    check = _check_output(state, plan, y, stage, meta, x)
                     diff, tol = check.diff, check.tolerance
                     what = "pipeline output differs from the unsplit model"
                 checked = True
@@ -214,7 +234,7 @@ def run_trial(state: RankState, plan: SplitPlan, opts: TrialOptions) -> TrialRep
                 if not checked:  # the first timed repeat's output is the one checked
                     t_c = time.perf_counter()
                     out_bytes = 0 if last else clock.out_bytes
-                    check = _check_output(state, plan, y, model, x)
+                    check = _check_output(state, plan, y, stage, meta, x)
                     diff, tol = check.diff, check.tolerance
                     checked = True
                     check_in_loop += time.perf_counter() - t_c

@@ -1,0 +1,306 @@
+"""Build a model on the meta device and materialise any of its tensors by name, never the whole model.
+
+The model's constructor runs once under ``torch.device("meta")`` while a dispatch mode records every aten op
+it runs: the model's own initialisation (timm's trunc-normal and zeros, HF's ``_init_weights``, a factory's
+code), the buffers it computes (rotary ``inv_freq``, ``position_ids``, masks) and a final ``.to(dtype)``. To
+materialise some tensors, the ops that wrote them (and what those ops read) are replayed in order on a real
+device. Each random op draws from its own generator seeded by (``seed``, the name of the tensor it fills, how
+many random ops filled that tensor before), on the CPU, so any rank, any split and the reference get the
+same weights for the same name on any device, and a stage's weights cost only the stage's memory.
+(torchdistx's ``deferred_init`` records the same way; it no longer builds against current torch.)
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten, tree_map
+
+__all__ = ["MetaModel", "build_meta", "from_eager", "is_meta", "shapes_only", "storage_key"]
+
+
+def storage_key(t: torch.Tensor) -> int:
+    """The identity of a tensor's storage: views and ``.data`` aliases share their base's."""
+    return int(t.untyped_storage()._cdata)
+
+
+@dataclass(frozen=True)
+class _Ref:
+    """A meta tensor as an op saw it: ``param.data = ...`` (``Module.to``) later changes the same tensor
+    object's storage and dtype in place, so the op keeps what it was then."""
+
+    key: int
+    dtype: torch.dtype
+    shape: tuple[int, ...]
+    stride: tuple[int, ...]
+    offset: int
+    nbytes: int
+
+
+def _ref(t: torch.Tensor) -> _Ref:
+    return _Ref(key=storage_key(t), dtype=t.dtype, shape=tuple(t.shape), stride=tuple(t.stride()),
+                offset=int(t.storage_offset()), nbytes=t.untyped_storage().nbytes())
+
+
+@dataclass
+class _Op:
+    func: Any
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+    out: Any
+    reads: frozenset[int]
+    writes: frozenset[int]
+    random: bool
+    inplace: bool = False
+
+
+def _tensors(tree: Any) -> list[torch.Tensor]:
+    return [t for t in tree_flatten(tree)[0] if isinstance(t, torch.Tensor)]
+
+
+def _mutated(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[torch.Tensor]:
+    """The arguments an in-place or ``out=`` op writes, from its schema's alias annotations."""
+    out: list[torch.Tensor] = []
+    for i, arg in enumerate(func._schema.arguments):
+        if arg.alias_info is None or not arg.alias_info.is_write:
+            continue
+        value = args[i] if i < len(args) else kwargs.get(arg.name)
+        out.extend(_tensors(value))
+    return out
+
+
+class _Recorder(TorchDispatchMode):  # type: ignore[no-untyped-call]
+    """Every aten op the constructor runs, with the storages it reads and writes."""
+
+    def __init__(self) -> None:
+        super().__init__()  # type: ignore[no-untyped-call]
+        self.ops: list[_Op] = []
+        self.pins: list[torch.UntypedStorage] = []
+        """Every meta storage an op saw, kept alive so that no later one takes its identity."""
+
+    def snap(self, v: Any) -> Any:
+        if isinstance(v, torch.Tensor) and v.is_meta:
+            self.pins.append(v.untyped_storage())
+            return _ref(v)
+        return v
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        ins = _tensors((args, kwargs))
+        metas = [t for t in ins if t.is_meta]
+        written = [t for t in _mutated(func, args, kwargs) if t.is_meta] + [t for t in _tensors(out) if t.is_meta]
+        schema = func._schema.arguments
+        self.ops.append(_Op(func=func, args=tree_map(self.snap, args), kwargs=tree_map(self.snap, kwargs),
+                            out=tree_map(self.snap, out), random=any(a.name == "generator" for a in schema),
+                            inplace=bool(schema and schema[0].alias_info is not None and schema[0].alias_info.is_write),
+                            reads=frozenset(storage_key(t) for t in metas),
+                            writes=frozenset(storage_key(t) for t in written)))
+        return out
+
+
+_DATA = (torch.tensor, torch.as_tensor, torch.asarray)
+"""Factories from Python data, whose values reach a meta tensor without an aten op a dispatch mode sees."""
+
+
+class _Data(TorchFunctionMode):
+    """``torch.tensor(data)`` and its kin, recorded as ops of their own so that their values replay."""
+
+    def __init__(self, recorder: _Recorder) -> None:
+        super().__init__()
+        self.recorder = recorder
+
+    def __torch_function__(self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        if func in _DATA and isinstance(out, torch.Tensor) and out.is_meta \
+                and not any(isinstance(t, torch.Tensor) and t.is_meta for t in _tensors((args, kwargs))):
+            self.recorder.ops.append(_Op(func=func, args=args, kwargs=kwargs, out=self.recorder.snap(out),
+                                         random=False, reads=frozenset(), writes=frozenset({storage_key(out)})))
+        return out
+
+
+class MetaModel:
+    """A model on the meta device, the program that built it, and every parameter and buffer by name."""
+
+    def __init__(self, module: nn.Module, ops: list[_Op], seed: int,
+                 given: Callable[[str], torch.Tensor | None] | None = None) -> None:
+        self.module = module
+        self.seed = seed
+        self._ops = ops
+        self.given = given
+        """Where a tensor comes from before the recorded build: a checkpoint's ``get`` (None: replay only)."""
+        self.tensors: dict[str, torch.Tensor] = {}
+        """Every parameter and buffer by each of its names (a tied weight under both)."""
+        for name, t in [*module.named_parameters(remove_duplicate=False), *module.named_buffers(remove_duplicate=False)]:
+            self.tensors.setdefault(name, t)
+        self._names = self._storage_names()
+
+    def _storage_names(self) -> dict[int, str]:
+        """Each storage's name: its tensor's first name, passed back through the ops that copied it (a
+        ``.to(dtype)``) so that the random op that filled the original is keyed by the same name."""
+        names: dict[int, str] = {}
+        for name, t in self.tensors.items():
+            names.setdefault(storage_key(t), name)
+        for op in reversed(self._ops):
+            named = [names[w] for w in op.writes if w in names]
+            if named and len(op.reads) == 1:
+                (src,) = op.reads
+                names.setdefault(src, named[0])
+        return names
+
+    def nbytes(self, names: Iterable[str]) -> int:
+        """Bytes of these tensors (a tensor under two names counted once)."""
+        seen: dict[int, int] = {}
+        for n in names:
+            t = self.tensors[n]
+            seen[storage_key(t)] = t.numel() * t.element_size()
+        return sum(seen.values())
+
+    def materialise(self, names: Iterable[str], device: torch.device) -> dict[str, torch.Tensor]:
+        """Real tensors for ``names`` on ``device``: ``self.given(name)`` where it returns one (a
+        checkpoint's), else replayed from the constructor's program."""
+        wanted = list(dict.fromkeys(names))
+        given = self.given
+        out: dict[str, torch.Tensor] = {}
+        replay: list[str] = []
+        for n in wanted:
+            loaded = given(n) if given is not None else None
+            if loaded is None:
+                replay.append(n)
+            else:
+                out[n] = loaded.to(device=device, dtype=self.tensors[n].dtype)
+        if replay:
+            real = _Replay(self, device).run({storage_key(self.tensors[n]) for n in replay})
+            for n in replay:
+                out[n] = _view(real, self.tensors[n], device)
+        return out
+
+
+def _view(real: dict[int, torch.UntypedStorage], meta: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """The real tensor that ``meta`` is: its storage's replayed bytes, at its offset, size and strides."""
+    t = torch.empty(0, dtype=meta.dtype, device=device)
+    t.set_(real[storage_key(meta)], meta.storage_offset(), meta.shape, meta.stride())
+    return t
+
+
+class _Replay:
+    """The ops that wrote some storages, run again in order on a real device."""
+
+    def __init__(self, model: MetaModel, device: torch.device) -> None:
+        self.model = model
+        self.device = device
+        self.real: dict[int, torch.UntypedStorage] = {}
+        self.draws: dict[str, int] = {}
+
+    def _slice(self, needed: set[int]) -> list[tuple[int, _Op]]:
+        keep: list[tuple[int, _Op]] = []
+        for i in range(len(self.model._ops) - 1, -1, -1):
+            op = self.model._ops[i]
+            if op.writes & needed:
+                keep.append((i, op))
+                needed |= op.reads
+        keep.reverse()
+        return keep
+
+    def run(self, targets: set[int]) -> dict[int, torch.UntypedStorage]:
+        ops = self._slice(set(targets))
+        last: dict[int, int] = {}
+        for j, (_, op) in enumerate(ops):
+            for k in op.reads | op.writes:
+                last[k] = j
+        for j, (i, op) in enumerate(ops):
+            self._run(i, op)
+            for k in op.reads | op.writes:  # free what no later op needs (a fp32 original before .to(bf16))
+                if last.get(k) == j and k not in targets:
+                    self.real.pop(k, None)
+        return {k: self.real[k] for k in targets}
+
+    def _arg(self, v: Any) -> Any:
+        if isinstance(v, _Ref):
+            if v.key not in self.real:  # made where no op was recorded: its bytes must be written before use
+                self.real[v.key] = torch.zeros(v.nbytes, dtype=torch.uint8, device=self.device).untyped_storage()
+            t = torch.empty(0, dtype=v.dtype, device=self.device)
+            return t.set_(self.real[v.key], v.offset, v.shape, v.stride)
+        if isinstance(v, torch.device) and v.type == "meta":
+            return self.device
+        return v
+
+    def _run(self, index: int, op: _Op) -> None:
+        args = tree_map(self._arg, op.args)
+        kwargs = tree_map(self._arg, op.kwargs)
+        if op.random:
+            out = self._draw(index, op, args, kwargs)
+        elif op.func in _DATA:
+            out = op.func(*args, **{**kwargs, "device": "cpu"}).to(self.device)
+        else:
+            out = op.func(*args, **kwargs)
+        refs = [v for v in tree_flatten(op.out)[0] if isinstance(v, (_Ref, torch.Tensor))]
+        for m, r in zip(refs, _tensors(out), strict=False):
+            if isinstance(m, _Ref) and m.key not in self.real:
+                self.real[m.key] = r.untyped_storage()
+
+    def _draw(self, index: int, op: _Op, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """A random op on a CPU generator of its own: (seed, the name it fills, its count on that name)."""
+        filled = [w for w in op.writes]
+        name = self.model._names.get(filled[0], f"#op{index}") if len(filled) == 1 else f"#op{index}"
+        k = self.draws.get(name, 0)
+        self.draws[name] = k + 1
+        digest = hashlib.sha256(f"{self.model.seed}/{name}/{k}".encode()).digest()
+        g = torch.Generator().manual_seed(int.from_bytes(digest[:8], "little") & ((1 << 63) - 1))
+        if op.inplace:  # normal_, uniform_: draw into a CPU twin, then copy
+            dst = args[0]
+            twin = torch.empty(dst.shape, dtype=dst.dtype)
+            op.func(twin, *args[1:], **{**kwargs, "generator": g})
+            with torch.no_grad():
+                dst.copy_(twin)
+            return dst
+        cpu = tree_map(lambda v: torch.device("cpu") if isinstance(v, torch.device) else v, kwargs)
+        return tree_map(lambda t: t.to(self.device) if isinstance(t, torch.Tensor) else t,
+                        op.func(*tree_map(lambda t: t.cpu() if isinstance(t, torch.Tensor) else t, args),
+                                **{**cpu, "generator": g}))
+
+
+def build_meta(create: Callable[[], nn.Module], seed: int, dtype: torch.dtype) -> MetaModel:
+    """``create()`` run on the meta device and recorded; the model in eval mode in ``dtype``."""
+    recorder = _Recorder()
+    torch.manual_seed(seed)
+    with torch.device("meta"), recorder, _Data(recorder):
+        module = create().to(dtype).eval()
+    return MetaModel(module, recorder.ops, seed)
+
+
+def from_eager(module: nn.Module, seed: int) -> MetaModel:
+    """A model built for real (one whose code cannot run on meta) seen as a meta one: its tensors come
+    from the real model by name, which this process keeps whole."""
+    real = {n: t.detach() for n, t in [*module.named_parameters(remove_duplicate=False),
+                                       *module.named_buffers(remove_duplicate=False)]}
+    memo: dict[int, Any] = {}
+    for p in module.parameters():
+        memo[id(p)] = nn.Parameter(p.detach().to("meta"), requires_grad=p.requires_grad)
+    for b in module.buffers():
+        memo[id(b)] = b.to("meta")
+    meta = copy.deepcopy(module, memo)  # the tensors by the memo: no second real copy
+    return MetaModel(meta, [], seed, given=real.get)
+
+
+def is_meta(module: nn.Module) -> bool:
+    """Whether ``module``'s tensors are on meta (a model cut before any rank makes it real)."""
+    return any(t.is_meta for t in [*module.parameters(), *module.buffers()])
+
+
+def shapes_only(module: nn.Module, inputs: Iterable[torch.Tensor]) -> Any:
+    """One forward of a model on meta, for shapes and module calls: under a ``FakeTensorMode``, in which
+    transformers skips its data-dependent checks (a mask's ``.all()``) as it does under torch.export."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with torch.no_grad(), FakeTensorMode(allow_non_fake_inputs=True) as mode:
+        return module(*(mode.from_tensor(t.to("meta")) for t in inputs))

@@ -1,0 +1,179 @@
+"""The unsplit model's output, loss and gradients without ever holding the whole model: streamed.
+
+The plan's own stages (cut on the meta device) run in order on one rank, one stage's weights materialised
+at a time (made by name, run on every microbatch, freed), the values that cross each cut kept. In training
+each stage's inputs are kept on the way forward; the way back runs from the last stage to the first,
+remaking each stage and recomputing its forward from its kept inputs before its backward, and keeps the
+gradients of the parameters asked for (a rank's own). The stages are torch's traced graphs, run without a
+schedule or a process group: what this checks is the pipeline's run (microbatches, schedule, sends,
+receives, tied weights) and its stages' weights, against the same computation made serially.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import torch
+from torch import fx, nn
+
+from pipeline.models.batch import Batch
+from pipeline.models.meta import MetaModel
+from pipeline.models.weights import materialise_module
+from pipeline.stage.training import Reference, loss_fn
+
+__all__ = ["streamed_output", "streamed_step"]
+
+
+def _stage(split_gm: fx.GraphModule, target: str, meta: MetaModel, device: torch.device, name_of: Callable[[str], str],
+           train: bool) -> nn.Module:
+    """A private, real copy of one stage of ``split_gm`` (which stays on meta)."""
+    mod = copy.deepcopy(split_gm.get_submodule(target))
+    materialise_module(mod, meta, device, name_of, train=train)
+    return mod
+
+
+def _chunks(x: Batch, chunks: int) -> list[Batch]:
+    """The microbatches as the schedule splits the batch (``tensor.chunk`` on dim 0)."""
+    parts = [t.chunk(chunks) for t in x]
+    return [tuple(p[c] for p in parts) for c in range(chunks)]
+
+
+def _first(out: Any) -> torch.Tensor:
+    first: torch.Tensor = out[0] if isinstance(out, (tuple, list)) else out
+    return first
+
+
+def _forward(split_gm: fx.GraphModule, meta: MetaModel, x: Batch, chunks: int, device: torch.device,
+             name_of: Callable[[str], str], keep: bool) -> tuple[list[Any], list[dict[fx.Node, Any]]]:
+    """Every microbatch through the stages in order; (outputs per microbatch, every node's value per microbatch
+    when ``keep``, else only what is still to be read)."""
+    graph = split_gm.graph
+    nodes = list(graph.nodes)
+    last_use: dict[fx.Node, int] = {}
+    for i, n in enumerate(nodes):
+        for a in n.all_input_nodes:
+            last_use[a] = i
+    envs: list[dict[fx.Node, Any]] = [{} for _ in range(chunks)]
+    mbs = _chunks(x, chunks)
+    placeholders = [n for n in nodes if n.op == "placeholder"]
+    outs: list[Any] = [None] * chunks
+    for i, node in enumerate(nodes):
+        if node.op == "call_module":
+            mod = _stage(split_gm, str(node.target), meta, device, name_of, train=False)
+            with torch.no_grad():
+                for env in envs:
+                    env[node] = mod(*fx.node.map_arg(node.args, env.__getitem__),
+                                    **fx.node.map_arg(node.kwargs, env.__getitem__))
+            del mod
+        for c, env in enumerate(envs):
+            if node.op == "placeholder":
+                env[node] = mbs[c][placeholders.index(node)]
+            elif node.op == "call_function":
+                env[node] = node.target(*fx.node.map_arg(node.args, env.__getitem__),
+                                        **fx.node.map_arg(node.kwargs, env.__getitem__))
+            elif node.op == "output":
+                outs[c] = fx.node.map_arg(node.args[0], env.__getitem__)
+            if not keep:
+                for a in node.all_input_nodes:
+                    if last_use.get(a) == i:
+                        env.pop(a, None)
+    return outs, envs
+
+
+def streamed_output(split_gm: fx.GraphModule, meta: MetaModel, x: Batch, chunks: int, device: torch.device,
+                    name_of: Callable[[str], str] = lambda n: n) -> torch.Tensor:
+    """The model's output for the whole batch (its first output where it has several), stage by stage."""
+    outs, _ = _forward(split_gm, meta, x, chunks, device, name_of, keep=False)
+    return torch.cat([_first(o) for o in outs], dim=0)
+
+
+def streamed_step(split_gm: fx.GraphModule, meta: MetaModel, x: Batch, target: torch.Tensor, chunks: int,
+                  device: torch.device, wanted: Iterable[str], name_of: Callable[[str], str] = lambda n: n
+                  ) -> Reference:
+    """The serial training step's loss (the mean of the microbatches' losses, as the schedule reports it)
+    and the gradients of the parameters named in ``wanted`` (the others' are made and dropped)."""
+    want = set(wanted)
+    outs, envs = _forward(split_gm, meta, x, chunks, device, name_of, keep=True)
+    targets = target.chunk(chunks)
+    grads: dict[fx.Node, list[Any]] = {}
+    """Per node, per microbatch, the gradient of the loss with respect to the node's value."""
+    losses = []
+    out_node = next(n for n in split_gm.graph.nodes if n.op == "output")
+    for c in range(chunks):
+        y = _first(outs[c]).detach().requires_grad_(True)
+        with torch.enable_grad():
+            loss = loss_fn(y, targets[c])
+            (loss / chunks).backward()  # type: ignore[no-untyped-call]
+        losses.append(float(loss.detach()))
+        src = out_node.args[0]
+        first = src[0] if isinstance(src, (tuple, list)) else src
+        if isinstance(envs[c].get(first), (tuple, list)):  # a stage's first of several outputs
+            grads.setdefault(first, [None] * chunks)[c] = {0: y.grad}
+        else:
+            _add(grads, first, c, chunks, y.grad)
+    kept: dict[str, torch.Tensor] = {}
+    for node in reversed(list(split_gm.graph.nodes)):
+        if node.op == "call_function" and node in grads:  # getitem of a stage's several outputs
+            src, index = node.args[0], node.args[1]
+            for c in range(chunks):
+                g = grads[node][c]
+                if g is not None:
+                    whole = grads.setdefault(src, [None] * chunks)
+                    parts = whole[c] if whole[c] is not None else {}
+                    parts[index] = g if index not in parts else parts[index] + g
+                    whole[c] = parts
+        elif node.op == "call_module" and node in grads:
+            _backward(split_gm, node, meta, device, name_of, envs, grads, chunks, want, kept)
+    return Reference(loss=sum(losses) / chunks, grads=kept)
+
+
+def _add(grads: dict[fx.Node, list[Any]], node: Any, c: int, chunks: int, g: torch.Tensor | None) -> None:
+    if g is None or not isinstance(node, fx.Node):
+        return
+    slot = grads.setdefault(node, [None] * chunks)
+    slot[c] = g if slot[c] is None else slot[c] + g
+
+
+def _backward(split_gm: fx.GraphModule, node: fx.Node, meta: MetaModel, device: torch.device,
+              name_of: Callable[[str], str], envs: list[dict[fx.Node, Any]], grads: dict[fx.Node, list[Any]],
+              chunks: int, want: set[str], kept: dict[str, torch.Tensor]) -> None:
+    """One stage's backward on every microbatch, its forward recomputed from the kept inputs; its inputs'
+    gradients passed on to the nodes that made them, its wanted parameters' gradients kept."""
+    mod = _stage(split_gm, str(node.target), meta, device, name_of, train=True)
+    ins = [a for a in node.all_input_nodes]
+    for c, env in enumerate(envs):
+        g_out = grads[node][c]
+        if g_out is None:
+            continue
+        leaves = {a: _leaf(env[a]) for a in ins}
+        with torch.enable_grad():
+            out = mod(*fx.node.map_arg(node.args, leaves.__getitem__), **fx.node.map_arg(node.kwargs, leaves.__getitem__))
+            pairs = _pairs(out, g_out)
+            if pairs:
+                torch.autograd.backward([o for o, _ in pairs], [g for _, g in pairs])
+        for a, v in leaves.items():
+            if isinstance(v, torch.Tensor) and v.grad is not None:
+                _add(grads, a, c, chunks, v.grad)
+    for n, p in mod.named_parameters(remove_duplicate=False):
+        name = name_of(n)
+        if name in want and p.grad is not None:
+            kept[name] = kept[name] + p.grad if name in kept else p.grad.detach()
+    del mod
+
+
+def _leaf(v: Any) -> Any:
+    """A kept input as a leaf that collects its gradient (integer inputs, token ids and masks, as they are)."""
+    if isinstance(v, torch.Tensor) and v.is_floating_point():
+        return v.detach().requires_grad_(True)
+    return v
+
+
+def _pairs(out: Any, g: Any) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """(output, its gradient) for each output of a stage that has one."""
+    if isinstance(g, dict):
+        outs = out if isinstance(out, (tuple, list)) else (out,)
+        return [(outs[i], gi) for i, gi in g.items() if isinstance(outs[i], torch.Tensor) and outs[i].requires_grad]
+    o = _first(out) if isinstance(out, (tuple, list)) and len(out) == 1 else out
+    return [(o, g)] if isinstance(o, torch.Tensor) and o.requires_grad else []
