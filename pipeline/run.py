@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from pipeline.cli import MODEL_FLAGS, Parser, add_model_args, add_runtime_args, spec_from_args
+from pipeline.core.budget import MemoryPrediction, format_size, parse_size
 from pipeline.core.errors import PipesplitError
 from pipeline.core.plan import SplitPlan, SplitPoint, check_ranks
 from pipeline.core.policies import ALIASES, POLICIES
@@ -45,6 +46,8 @@ class RunConfig:
     """Untimed pipeline runs before timing."""
     timeout_s: float = 900.0
     """Seconds before a trial counts as hung."""
+    serial: bool = True
+    """Time the serial model beside the pipeline (off where the whole model does not fit the budget)."""
     serial_all: bool = True
     """Also time the serial model on all the pipeline's threads."""
     trace_dir: str | None = None
@@ -64,8 +67,31 @@ def run_plan(plan: SplitPlan, cfg: RunConfig) -> TrialResult:
     from pipeline.ranks.launch import open_pool
 
     with open_pool(plan.ranks, device=plan.device, threads_per_stage=plan.threads_per_stage) as pool:
-        return pool.run(plan, repeats=cfg.repeats, warmup=cfg.warmup, timeout_s=cfg.timeout_s,
-                        serial_all=cfg.serial_all, trace_dir=cfg.trace_dir)
+        return pool.run(plan, repeats=cfg.repeats, warmup=cfg.warmup, timeout_s=cfg.timeout_s, serial=cfg.serial,
+                        serial_all=cfg.serial and cfg.serial_all, trace_dir=cfg.trace_dir)
+
+
+def check_memory(plan: SplitPlan, budget: int | None, granularity: str = "block") -> MemoryPrediction:
+    """Each rank's predicted peak from the model on meta, before anything is built: one line and no run
+    when a rank is over ``budget`` (default: the device's, see ``pipeline.models.footprint``)."""
+    from pipeline.models.build import build_meta_model
+    from pipeline.models.candidates import find_candidates
+    from pipeline.models.footprint import predict_plan
+
+    meta = build_meta_model(plan.model)
+    prediction = predict_plan(plan, meta, find_candidates(meta, plan.model, granularity), budget)
+    prediction.check(plan)
+    return prediction
+
+
+def describe_memory(prediction: MemoryPrediction) -> str:
+    """The prediction in one line per rank, and whether a serial baseline fits."""
+    lines = [f"memory predicted per rank, of --device-memory {format_size(prediction.budget)}: "
+             + ", ".join(f"{r.rank}: {format_size(r.total)}" for r in prediction.ranks)]
+    if not prediction.serial_fits:
+        lines.append(f"the whole model needs about {format_size(prediction.whole)} on one device, over the budget: "
+                     "no serial baseline is timed, so no speedup; throughput and the stages' own times are the figures")
+    return "\n".join(lines)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -93,6 +119,10 @@ def _parser() -> argparse.ArgumentParser:
     m.add_argument("--repeats", type=int, default=3, help="timed repeats, serial and pipeline interleaved (default 3)")
     m.add_argument("--warmup", type=int, default=1, help="untimed pipeline runs before timing (default 1)")
     m.add_argument("--timeout", type=float, default=900.0, help="seconds before a trial counts as hung (default 900)")
+    m.add_argument("--device-memory", default=None, metavar="SIZE",
+                   help="memory each stage's device has, e.g. 1.5GiB (default: the GPU's total on CUDA, the host's "
+                   "available memory shared among the ranks on CPU); a plan predicted over it is refused before "
+                   "anything is built, and a model that does not fit whole gets no serial baseline")
     m.add_argument("--no-serial-all", action="store_true",
                    help="skip timing the serial model on all the pipeline's threads")
     m.add_argument("--out", metavar="FILE", help="write plan + measured result + provenance (best_split.json shape)")
@@ -126,7 +156,7 @@ def plan_from_args(args: argparse.Namespace) -> SplitPlan:
                    if getattr(args, k) is not None}
         if changes:
             plan = dataclasses.replace(plan, **changes)
-        cands = find_candidates(build_meta_model(plan.model).module, plan.model, args.granularity)
+        cands = find_candidates(build_meta_model(plan.model), plan.model, args.granularity)
         cands.validate(plan)
         return plan
     if (args.policy is None) == (args.split_points is None):
@@ -137,7 +167,7 @@ def plan_from_args(args: argparse.Namespace) -> SplitPlan:
     if args.stages is not None:
         check_ranks(args.stages, per_rank)
     spec = spec_from_args(args)
-    cands = find_candidates(build_meta_model(spec).module, spec, args.granularity)
+    cands = find_candidates(build_meta_model(spec), spec, args.granularity)
     if args.policy:
         total = args.stages * per_rank
         cands.check_stages(total, spec.label, per_rank=per_rank)
@@ -171,21 +201,33 @@ def format_result(result: TrialResult) -> str:
     lines = []
     if not result.ok:
         return f"trial failed: {result.reason}"
-    lo, hi = result.speedup_spread
     step = " of training steps" if result.plan.mode == "train" else ""
-    lines.append(f"speedup{step} {result.speedup:.2f}x (spread {lo:.2f}-{hi:.2f} over {len(result.pipeline_s)} "
-                 "repeats) vs the serial model on one stage's threads")
+    tlo, thi = result.throughput_spread
+    tokens = f", {result.tokens_per_s:.0f} tokens/s" if result.tokens_per_s is not None else ""
+    lines.append(f"throughput{step} {result.throughput:.2f} samples/s{tokens} (spread {tlo:.2f}-{thi:.2f} over "
+                 f"{len(result.pipeline_s)} repeats)")
+    if result.serial_s:
+        lo, hi = result.speedup_spread
+        lines.append(f"speedup{step} {result.speedup:.2f}x (spread {lo:.2f}-{hi:.2f} over {len(result.pipeline_s)} "
+                     "repeats) vs the serial model on one stage's threads")
+    else:
+        lines.append("no speedup: the serial model was not timed (the whole model does not fit --device-memory)")
     if result.serial_all_s:
         lines.append(f"speedup {result.speedup_all:.2f}x vs the serial model on all the pipeline's threads")
-    lines.append("repeat  serial_s  pipeline_s" + ("  serial_all_s" if result.serial_all_s else ""))
-    for i, (s, p) in enumerate(zip(result.serial_s, result.pipeline_s)):
-        extra = f"  {result.serial_all_s[i]:12.3f}" if result.serial_all_s else ""
-        lines.append(f"{i:6d}  {s:8.3f}  {p:10.3f}{extra}")
-    lines.append("stage  compute_s  comm+wait_s  peak_mem_MiB  step_adds_MiB  sends_MiB")
+    lines.append("repeat  pipeline_s" + ("  serial_s" if result.serial_s else "")
+                 + ("  serial_all_s" if result.serial_all_s else ""))
+    for i, p in enumerate(result.pipeline_s):
+        extra = f"  {result.serial_s[i]:8.3f}" if result.serial_s else ""
+        extra += f"  {result.serial_all_s[i]:12.3f}" if result.serial_all_s else ""
+        lines.append(f"{i:6d}  {p:10.3f}{extra}")
+    lines.append("rank  compute_s  comm+wait_s  peak_mem_MiB  stage_MiB  runtime_MiB  step_adds_MiB  sends_MiB")
     for r, (c, w) in enumerate(zip(result.stage_compute_s, result.stage_comm_s)):
         sent = f"{result.boundary_bytes[r] / 2**20:9.2f}" if r < len(result.boundary_bytes) else "        -"
         adds = (result.peak_mem_bytes[r] - result.base_mem_bytes[r]) / 2**20 if result.base_mem_bytes else float("nan")
-        lines.append(f"{r:5d}  {c:9.3f}  {w:11.3f}  {result.peak_mem_bytes[r] / 2**20:12.0f}  {adds:13.0f}  {sent}")
+        own = result.stage_bytes[r] / 2**20 if r < len(result.stage_bytes) else float("nan")
+        rt = result.runtime_bytes[r] / 2**20 if r < len(result.runtime_bytes) else float("nan")
+        lines.append(f"{r:4d}  {c:9.3f}  {w:11.3f}  {result.peak_mem_bytes[r] / 2**20:12.0f}  {own:9.0f}  {rt:11.0f}  "
+                     f"{adds:13.0f}  {sent}")
     if result.check is not None:
         lines.append(result.check.describe())
     elif result.plan.mode == "train":
@@ -217,8 +259,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         for path in (args.out, args.timeline):
             if path:
                 check_writable(path)  # before the trial, not after it
+        budget = None if args.device_memory is None else parse_size(args.device_memory)
         plan = plan_from_args(args)
         print(f"plan: {plan.describe()}, {plan.threads_per_stage} thread(s)/rank on {plan.device}", flush=True)
+        prediction = check_memory(plan, budget, args.granularity)
+        print(describe_memory(prediction), flush=True)
+        if not prediction.serial_fits:
+            cfg = dataclasses.replace(cfg, serial=False)
         result = run_plan(plan, cfg)
         print(format_result(result))
         for t in result.traces:

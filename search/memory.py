@@ -12,34 +12,22 @@ over the limit is not run: pruned with both figures in the reason.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 
 from optuna.trial import FrozenTrial
 
 from costmodel.footprint import rank_runtime_bytes
-from pipeline.core.errors import PipesplitError
+from pipeline.core import budget
+from pipeline.core.budget import format_size
 
 __all__ = ["OVER_MEMORY", "constraint", "format_size", "over_limit", "parse_size", "predicted_over", "runtime_bytes"]
 
 OVER_MEMORY = "over_memory"
 """User attribute of a measured trial over the limit: the reason, with the figures."""
 
-UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "m": 1000**2, "mb": 1000**2, "g": 1000**3, "gb": 1000**3,
-         "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40, "tb": 1000**4}
-
-
 def parse_size(text: str) -> int:
     """``4GiB``, ``512MiB``, ``1.5GB`` or a byte count: bytes; one line naming the value otherwise."""
-    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", text)
-    unit = m.group(2).lower() if m else ""
-    if m is None or unit not in UNITS or float(m.group(1)) <= 0:
-        raise PipesplitError(f"--max-stage-memory {text!r} is not a positive size: write it like 4GiB, 512MiB or 2GB")
-    return int(float(m.group(1)) * UNITS[unit])
-
-
-def format_size(n: float) -> str:
-    return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.0f} MiB"
+    return budget.parse_size(text, "--max-stage-memory")
 
 
 def over_limit(peaks: Sequence[int], limit: int) -> str | None:

@@ -188,7 +188,7 @@ def run_study(cfg: SearchConfig, *, references: bool = False) -> StudyRun:
     storage = open_storage(cfg.storage)
     spec = cfg.model.resolve()
     granularity = cfg.model.granularity
-    cands = find_candidates(build_meta_model(spec).module, spec, granularity)
+    cands = find_candidates(build_meta_model(spec), spec, granularity)
     cands.check_stages(cfg.stages, spec.label)
     stages = cfg.stages
     choice = choose_layouts(cfg.schedules, cfg.stages_per_rank, ranks=stages, mode=cfg.mode,

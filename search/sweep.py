@@ -75,7 +75,7 @@ def _run(args: argparse.Namespace) -> int:
     if base.trials is None:
         base = replace(base, trials=SWEEP_TRIALS)
     spec = base.model.resolve()
-    cands = find_candidates(build_meta_model(spec).module, spec, base.model.granularity)
+    cands = find_candidates(build_meta_model(spec), spec, base.model.granularity)
     too_many = [s for s in counts if s > cands.max_stages]
     if too_many:
         cands.check_stages(too_many[0], spec.label)

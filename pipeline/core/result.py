@@ -134,6 +134,9 @@ class TrialResult:
     base_mem_bytes: tuple[int, ...] = ()
     """Per rank memory held as a timed run starts (the least over runs): parameters, gradients, optimizer
     state, the runtime; the peak less this is what a step adds, activations above all."""
+    stage_bytes: tuple[int, ...] = ()
+    """Per rank, bytes of the parameters and buffers it made real for its own stages (nothing else of the
+    model: the rest stays on meta); the base less this is the rank's runtime and training state."""
     max_abs_diff: float = float("nan")
     """Largest |pipeline output - unsplit model output|."""
     tolerance: float = float("nan")
@@ -167,6 +170,32 @@ class TrialResult:
         return median(self.speedups)
 
     @property
+    def throughput(self) -> float:
+        """Samples per second through the pipeline: the batch over the median pipeline time (NaN before a run)."""
+        p = median(self.pipeline_s)
+        return self.plan.model.batch_size / p if p > 0 else float("nan")
+
+    @property
+    def throughput_spread(self) -> tuple[float, float]:
+        s = [self.plan.model.batch_size / p for p in self.pipeline_s if p > 0]
+        return (min(s), max(s)) if s else (float("nan"), float("nan"))
+
+    @property
+    def tokens_per_s(self) -> float | None:
+        """Tokens per second for a language model (token ids in), None for any other."""
+        if self.plan.model.input_dtype != "int64" or len(self.plan.model.input_shape) != 1:
+            return None
+        return self.throughput * self.plan.model.input_shape[0]
+
+    @property
+    def runtime_bytes(self) -> tuple[int, ...]:
+        """Per rank, what it held besides its stage's weights as a timed run started: the process (torch, the
+        tracing stack), and in training the gradients and optimizer state."""
+        if not self.stage_bytes or not self.base_mem_bytes:
+            return ()
+        return tuple(max(0, b - s) for b, s in zip(self.base_mem_bytes, self.stage_bytes))
+
+    @property
     def speedup_spread(self) -> tuple[float, float]:
         s = self.speedups
         return (min(s), max(s)) if s else (float("nan"), float("nan"))
@@ -193,6 +222,8 @@ class TrialResult:
         for k, v in d.items():
             if isinstance(v, tuple):
                 d[k] = list(v)
+        d.update(throughput=self.throughput, throughput_spread=list(self.throughput_spread),
+                 tokens_per_s=self.tokens_per_s, runtime_bytes=list(self.runtime_bytes))
         d.update(speedup=self.speedup, speedup_spread=list(self.speedup_spread), speedup_all=self.speedup_all,
                  speedup_all_threads=self.speedup_all, serial_all_threads_s=list(self.serial_all_s))
         return d
@@ -207,7 +238,7 @@ class TrialResult:
         args["plan"] = SplitPlan.from_dict(d["plan"])
         for k in ("serial_s", "serial_all_s", "pipeline_s", "stage_compute_s", "stage_comm_s"):
             args[k] = tuple(float(x) for x in args.get(k, ()))
-        for k in ("boundary_bytes", "peak_mem_bytes", "base_mem_bytes"):
+        for k in ("boundary_bytes", "peak_mem_bytes", "base_mem_bytes", "stage_bytes"):
             args[k] = tuple(int(x) for x in args.get(k, ()))
         args["events"] = tuple(tuple(tuple(e) for e in rank) for rank in args.get("events", ()))
         args["comm_events"] = tuple(tuple(tuple(e) for e in rank) for rank in args.get("comm_events", ()))
@@ -247,9 +278,11 @@ def merged(parts: list[TrialResult]) -> TrialResult:
     breakdown = Breakdown.summed(kept) if len(kept) == len(parts) else None
     peaks = tuple(max(p.peak_mem_bytes[r] for p in parts) for r in range(len(first.peak_mem_bytes)))
     bases = tuple(min(p.base_mem_bytes[r] for p in parts) for r in range(len(first.base_mem_bytes)))
+    # a resumed part reuses the kept stage: the bytes made real are the first part's
     return replace(last, serial_s=joined("serial_s"), serial_all_s=joined("serial_all_s"),
                    pipeline_s=joined("pipeline_s"), stage_compute_s=weighted("stage_compute_s"),
                    stage_comm_s=weighted("stage_comm_s"), peak_mem_bytes=peaks, base_mem_bytes=bases,
                    max_abs_diff=first.max_abs_diff, check=first.check,
                    tolerance=first.tolerance, build_s=first.build_s, wall_s=sum(p.wall_s for p in parts),
-                   busy_s=sum(p.busy_s for p in parts), boundary_bytes=first.boundary_bytes, breakdown=breakdown)
+                   busy_s=sum(p.busy_s for p in parts), boundary_bytes=first.boundary_bytes, breakdown=breakdown,
+                   stage_bytes=first.stage_bytes)

@@ -16,7 +16,9 @@ from pipeline.core.plan import SplitPlan, SplitPoint
 from pipeline.core.policies import PolicyInputs, policy
 from pipeline.core.spec import ModelSpec
 from pipeline.models.batch import example_input, rows
+from pipeline.models.meta import MetaModel
 from pipeline.models.traces import call_events
+from pipeline.models.weights import forward_module
 
 GRANULARITIES = ("block", "layer")
 _CONTAINERS = (nn.Sequential, nn.ModuleList)
@@ -88,6 +90,22 @@ class Candidates:
             out[k] += n
         return out
 
+    def stage_positions(self, plan: SplitPlan) -> list[int]:
+        """Where each of the plan's stages starts among ``events`` (a BEGINNING cut at its module's start,
+        an END cut after its module's end), the first at 0."""
+        idx = self._index()
+        return [0, *(idx["B:" + p.fqn] if p.kind == "BEGINNING" else idx["E:" + p.fqn] + 1 for p in plan.split_points)]
+
+    def stage_elements(self, plan: SplitPlan) -> list[int]:
+        """Parameter+buffer elements of each of the plan's stages (validated cuts)."""
+        idx = self._index()
+        starts = self.stage_positions(plan)
+        out = [0] * len(starts)
+        for fqn, n in self.units:
+            pos = idx["B:" + fqn]
+            out[max(i for i, s in enumerate(starts) if s <= pos) if pos >= starts[0] else 0] += n
+        return out
+
     def plan_points(self, cut_indices: list[int] | tuple[int, ...]) -> tuple[SplitPoint, ...]:
         """Split points for cuts before ``blocks[i]`` (``i`` >= 1, increasing)."""
         return tuple(SplitPoint(self.blocks[i], "BEGINNING") for i in cut_indices)
@@ -155,11 +173,14 @@ def _own_elements(mod: nn.Module) -> int:
     return sum(p.numel() for p in mod.parameters(recurse=False)) + sum(b.numel() for b in mod.buffers(recurse=False))
 
 
-def find_candidates(model: nn.Module, spec: ModelSpec, granularity: str = "block") -> Candidates:
-    """Run ``model`` once on one sample and list where it can be cut at ``granularity``."""
+def find_candidates(model: nn.Module | MetaModel, spec: ModelSpec, granularity: str = "block") -> Candidates:
+    """Run ``model`` once on one sample and list where it can be cut at ``granularity`` (a model on meta runs
+    there, or whole and real where its forward cannot: ``pipeline.models.weights.forward_module``)."""
     if granularity not in GRANULARITIES:
         raise PipesplitError(f"granularity {granularity!r} is unknown: use one of {', '.join(GRANULARITIES)}")
     x = rows(example_input(spec), 1)
+    if isinstance(model, MetaModel):
+        model, x = forward_module(model, x)
     raw = call_events(model, x)
     counts = Counter(n for k, n in raw if k == "B")
     once = [(k, n) for k, n in raw if counts[n] == 1 and n != ""]

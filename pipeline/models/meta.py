@@ -24,7 +24,7 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_map
 
-__all__ = ["MetaModel", "build_meta", "from_eager", "is_meta", "shapes_only", "storage_key"]
+__all__ = ["FakeModel", "MetaModel", "build_meta", "fake_model", "from_eager", "storage_key"]
 
 
 def storage_key(t: torch.Tensor) -> int:
@@ -138,6 +138,11 @@ class MetaModel:
         self._ops = ops
         self.given = given
         """Where a tensor comes from before the recorded build: a checkpoint's ``get`` (None: replay only)."""
+        self.runs_on_meta: bool | None = None
+        """Whether the model's forward runs on meta (None: not tried yet; ``weights.forward_module``)."""
+        self.why_not_meta = ""
+        self.fakes: dict[str, FakeModel] = {}
+        """Per device, the model with fake tensors there (``fake_model``)."""
         self.tensors: dict[str, torch.Tensor] = {}
         """Every parameter and buffer by each of its names (a tied weight under both)."""
         for name, t in [*module.named_parameters(remove_duplicate=False), *module.named_buffers(remove_duplicate=False)]:
@@ -174,10 +179,12 @@ class MetaModel:
         replay: list[str] = []
         for n in wanted:
             loaded = given(n) if given is not None else None
-            if loaded is None:
-                replay.append(n)
-            else:
+            if loaded is not None:
                 out[n] = loaded.to(device=device, dtype=self.tensors[n].dtype)
+            elif not self.tensors[n].is_meta:  # made real by the model's own code (torch.FloatTensor(...))
+                out[n] = self.tensors[n].detach().to(device=device, copy=True)
+            else:
+                replay.append(n)
         if replay:
             real = _Replay(self, device).run({storage_key(self.tensors[n]) for n in replay})
             for n in replay:
@@ -292,15 +299,42 @@ def from_eager(module: nn.Module, seed: int) -> MetaModel:
     return MetaModel(meta, [], seed, given=real.get)
 
 
-def is_meta(module: nn.Module) -> bool:
-    """Whether ``module``'s tensors are on meta (a model cut before any rank makes it real)."""
-    return any(t.is_meta for t in [*module.parameters(), *module.buffers()])
+@dataclass
+class FakeModel:
+    """The model with fake tensors on a real device type: no storage, but the model's code sees the device it
+    will run on (transformers picks its CPU or CUDA paths by the weights' device: a mixture-of-experts layer
+    on ``meta`` takes a CUDA-only grouped matmul), and torch.export traces it as PiPPy's meta-init example does."""
+
+    module: nn.Module
+    mode: Any
+    """Its ``FakeTensorMode``; inputs are made fake in it (``inputs``)."""
+
+    def inputs(self, batch: Iterable[torch.Tensor]) -> tuple[torch.Tensor, ...]:
+        """``batch`` as fake tensors of this mode, on the model's device."""
+        from torch._subclasses.fake_tensor import FakeTensor
+
+        device = next(iter(t.device for t in [*self.module.parameters(), *self.module.buffers()]),
+                      torch.device("cpu"))
+        return tuple(FakeTensor(self.mode, t.to("meta"), device) for t in batch)
+
+    def run(self, batch: Iterable[torch.Tensor]) -> Any:
+        """One forward for shapes and module calls (under no_grad)."""
+        with torch.no_grad():
+            return self.module(*self.inputs(batch))
 
 
-def shapes_only(module: nn.Module, inputs: Iterable[torch.Tensor]) -> Any:
-    """One forward of a model on meta, for shapes and module calls: under a ``FakeTensorMode``, in which
-    transformers skips its data-dependent checks (a mask's ``.all()``) as it does under torch.export."""
-    from torch._subclasses.fake_tensor import FakeTensorMode
+def fake_model(meta: MetaModel, device: torch.device) -> FakeModel:
+    """A copy of ``meta.module`` whose parameters and buffers are fake tensors on ``device`` (one per device:
+    a cached export and the inputs traced with it share its fake mode)."""
+    from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 
-    with torch.no_grad(), FakeTensorMode(allow_non_fake_inputs=True) as mode:
-        return module(*(mode.from_tensor(t.to("meta")) for t in inputs))
+    if str(device) in meta.fakes:
+        return meta.fakes[str(device)]
+    mode = FakeTensorMode(allow_non_fake_inputs=True)
+    memo: dict[int, Any] = {}
+    for p in meta.module.parameters():
+        memo[id(p)] = nn.Parameter(FakeTensor(mode, p.detach().to("meta"), device), requires_grad=p.requires_grad)
+    for b in meta.module.buffers():
+        memo[id(b)] = FakeTensor(mode, b.to("meta"), device)
+    meta.fakes[str(device)] = FakeModel(module=copy.deepcopy(meta.module, memo), mode=mode)
+    return meta.fakes[str(device)]

@@ -28,7 +28,6 @@ import torch
 from torch import fx, nn
 
 from pipeline.models.batch import Batch
-from pipeline.models.meta import is_meta, shapes_only
 
 __all__ = ["LIMIT", "TraceCache", "call_events", "marker_fqn"]
 
@@ -55,11 +54,8 @@ def call_events(model: nn.Module, x: Batch) -> list[tuple[str, str]]:
         handles.append(mod.register_forward_pre_hook(lambda m, a, n=name: events.append(("B", n))))
         handles.append(mod.register_forward_hook(lambda m, a, o, n=name: events.append(("E", n))))
     try:
-        if is_meta(model):
-            shapes_only(model, x)
-        else:
-            with torch.no_grad():
-                model(*x)
+        with torch.no_grad():
+            model(*x)
     finally:
         for h in handles:
             h.remove()

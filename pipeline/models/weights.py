@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import copy
 import warnings
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -13,9 +13,10 @@ import torch
 from torch import nn
 
 from pipeline.core.errors import PipesplitError, one_line
-from pipeline.models.meta import MetaModel, storage_key
+from pipeline.models.meta import MetaModel, fake_model, storage_key
 
-__all__ = ["Checkpoint", "checkpoint_reader", "materialise_module", "meta_inputs", "module_tensors", "whole_model"]
+__all__ = ["Checkpoint", "checkpoint_reader", "forward_module", "materialise_module", "module_tensors",
+           "whole_model"]
 
 
 class Checkpoint:
@@ -167,11 +168,6 @@ def whole_model(meta: MetaModel, device: torch.device) -> nn.Module:
     return module
 
 
-def meta_inputs(batch: Iterable[torch.Tensor]) -> tuple[torch.Tensor, ...]:
-    """The same inputs on the meta device: shapes and dtypes, no storage."""
-    return tuple(t.to("meta") for t in batch)
-
-
 def checkpoint_reader(path: str | None, label: str) -> Checkpoint | None:
     if path is None:
         return None
@@ -179,3 +175,21 @@ def checkpoint_reader(path: str | None, label: str) -> Checkpoint | None:
         raise PipesplitError(f"checkpoint {path} does not exist: pass a local state_dict file or leave it out")
     return Checkpoint(path, label)
 
+
+
+def forward_module(meta: MetaModel, example: tuple[torch.Tensor, ...]) -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
+    """A module and inputs whose forward shows the model's calls and shapes: the model with fake tensors on
+    the CPU where its code runs so, else the whole model made real on the CPU, with one line why (a model
+    that reads a value in forward)."""
+    if meta.runs_on_meta is not False:
+        fake = fake_model(meta, torch.device("cpu"))
+        try:
+            fake.run(example)
+            meta.runs_on_meta = True
+            return fake.module, fake.inputs(example)
+        except Exception as e:  # noqa: BLE001 - any failure with fake tensors: the real model runs instead
+            meta.runs_on_meta = False
+            meta.why_not_meta = f"{type(e).__name__}: {one_line(e)}"
+            warnings.warn(f"the model's forward cannot run without storage ({meta.why_not_meta[:160]}): its module "
+                          "calls and its split come from a whole real copy (made, used, freed)", stacklevel=2)
+    return whole_model(meta, torch.device("cpu")).eval(), example

@@ -104,6 +104,7 @@ def result_from_replies(plan: SplitPlan, replies: Sequence[Reply], wall: float) 
         boundary_bytes=tuple(d.out_bytes for d in ranks[:-1]),
         peak_mem_bytes=tuple(d.peak_mem_bytes for d in ranks),
         base_mem_bytes=tuple(d.base_mem_bytes for d in ranks),
+        stage_bytes=tuple(d.stage_bytes for d in ranks),
         work_events=tuple(tuple((str(n), a, b) for n, a, b in ev) for ev in _aligned(ranks, "work_events")),
         max_abs_diff=ranks[-1].max_abs_diff,
         tolerance=ranks[-1].tolerance,

@@ -16,9 +16,9 @@ from torch import nn
 from pipeline.core.errors import one_line
 from pipeline.core.plan import BACKENDS, MULTI_SCHEDULES, SplitPlan
 from pipeline.models.batch import Batch, first_chunk
-from pipeline.models.meta import MetaModel
+from pipeline.models.meta import MetaModel, fake_model
 from pipeline.models.traces import TraceCache
-from pipeline.models.weights import materialise_module, meta_inputs, whole_model
+from pipeline.models.weights import materialise_module, whole_model
 from pipeline.stage.training import aliases, loss_fn, make_optimizer, tied_grads
 
 
@@ -150,6 +150,18 @@ def name_in(meta: MetaModel) -> Callable[[str], str]:
     return name_of
 
 
+def _split_real(meta: MetaModel, mb: Batch, spec: dict[str, Any]) -> Any:
+    """The split of a model whose code cannot be exported on meta: traced from a whole real copy on the CPU
+    (made, traced, freed), then moved to meta, so that each rank still keeps only its own stages real."""
+    from torch.distributed.pipelining import pipeline
+
+    real = whole_model(meta, torch.device("cpu")).eval()
+    pipe = pipeline(real, mb_args=tuple(t.cpu() for t in mb), split_spec=spec)
+    del real
+    pipe.split_gm.to("meta")
+    return pipe
+
+
 def _build_torch(plan: SplitPlan, meta: MetaModel, x: Batch, rank: int, device: torch.device,
                  group: dist.ProcessGroup | None, traces: TraceCache | None = None,
                  target: torch.Tensor | None = None) -> BuiltStage:
@@ -157,12 +169,21 @@ def _build_torch(plan: SplitPlan, meta: MetaModel, x: Batch, rank: int, device: 
     from torch.distributed.pipelining.schedules import get_schedule_class
 
     spec = {fqn: getattr(SplitPoint, kind) for fqn, kind in plan.split_spec().items()}
-    mb = meta_inputs(first_chunk(x, plan.chunks))
     train = plan.mode == "train"
-    # The split is cut from the model on meta (no rank holds it real); each rank then makes its own stages.
-    pipe = traces.pipe(plan.model.key, meta.module, mb, plan.split_spec()) if traces is not None else None
+    # The split is cut from the model with fake tensors on this rank's device type (no rank holds it real);
+    # each rank then makes its own stages real by name.
+    pipe = None
+    if meta.runs_on_meta is not False:
+        fake = fake_model(meta, device)
+        mb = fake.inputs(first_chunk(x, plan.chunks))
+        pipe = traces.pipe(plan.model.key, fake.module, mb, plan.split_spec()) if traces is not None else None
+        if pipe is None:
+            try:
+                pipe = pipeline(_fresh(fake.module), mb_args=mb, split_spec=spec)
+            except Exception as e:  # noqa: BLE001 - cut from a real copy below, and say why once
+                meta.runs_on_meta, meta.why_not_meta = False, one_line(e)
     if pipe is None:
-        pipe = pipeline(_fresh(meta.module), mb_args=mb, split_spec=spec)
+        pipe = _split_real(meta, first_chunk(x, plan.chunks), spec)
     if pipe.num_stages != plan.stages:
         raise RuntimeError(f"tracing produced {pipe.num_stages} stages, the plan has {plan.stages}")
     contiguous_receives(pipe.split_gm)

@@ -94,6 +94,8 @@ class TrialReply:
     trace: str | None = None
     base_mem_bytes: int = 0
     """Memory held as a timed run started (the least over runs)."""
+    stage_bytes: int = 0
+    """Bytes of the parameters and buffers this rank made real for its stages."""
     phases: tuple[float, float, float, float] = (0.0, 0.0, 0.0, 0.0)
     """Seconds this rank spent to build (until every rank had built), check, warm up and time."""
     check: OutputCheck | None = None

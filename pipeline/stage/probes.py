@@ -220,7 +220,7 @@ def time_segments(spec: ModelSpec, *, granularity: str, micro: Sequence[int], re
     ``train`` also times each segment's backward (whole, input grad, weight grad) and optimizer step."""
     sync: Callable[[], None] = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
     model = build_model(spec).to(device)
-    cands = find_candidates(build_meta_model(spec).module, spec, granularity)
+    cands = find_candidates(build_meta_model(spec), spec, granularity)
     n = len(cands.blocks)
     x_all = example_input(spec, device)
     lat: dict[int, tuple[float, ...]] = {}

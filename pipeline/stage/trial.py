@@ -28,7 +28,7 @@ from pipeline.core.errors import PipesplitError, one_line
 from pipeline.core.plan import SplitPlan
 from pipeline.core.result import OutputCheck
 from pipeline.models.batch import Batch, example_input, rows
-from pipeline.models.meta import MetaModel, shapes_only
+from pipeline.models.meta import MetaModel, fake_model
 from pipeline.models.weights import whole_model
 from pipeline.stage.build import BuiltStage, build_stage, name_in, other_backend
 from pipeline.stage.instrument import CommClock, CommSpan, ComputeClock, Span, hook_pippy_p2p, quiet_stderr, since
@@ -76,7 +76,7 @@ def _mismatch(rank: int, diff: float, tol: float, what: str) -> ErrorReply:
 def _target(plan: SplitPlan, meta: MetaModel, x: Batch) -> torch.Tensor:
     """The loss's fixed target for the whole batch, the same on every rank (the output's shape from one
     sample, run on meta)."""
-    one = shapes_only(meta.module, rows(x, 1))
+    one = fake_model(meta, torch.device("cpu")).run(rows(x, 1))
     out = one[0] if isinstance(one, (tuple, list)) else one
     shape = (plan.model.batch_size, *out.shape[1:])
     return make_target(plan.model, x, torch.empty(shape, dtype=out.dtype, device=x[0].device))
@@ -255,6 +255,7 @@ def run_trial(state: RankState, plan: SplitPlan, opts: TrialOptions) -> TrialRep
                       compute_s=tuple(compute), comm_s=tuple(waits), events=tuple(events),
                       comm_events=tuple(comm_events), t0=t0_abs, host=socket.gethostname(),
                       peak_mem_bytes=peak if pipe else state.peak.read(), base_mem_bytes=base if pipe else 0,
+                      stage_bytes=stage.own_bytes,
                       busy_s=time.perf_counter() - t_recv, trace=trace,
                       phases=(build_s, t_checked - t_built + check_in_loop, t_warm - t_checked,
                               t_timed - t_warm - check_in_loop), actions=tuple(stage.actions),
