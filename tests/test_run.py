@@ -251,3 +251,31 @@ def test_a_version_1_plan_file_with_two_stages_per_rank_runs_as_it_did(tmp_path,
     again = json.loads(out.read_text())
     assert (again["version"], again["stages"], again["stages_per_rank"], again["total_stages"]) == (2, 2, 2, 4)
     assert SplitPlan.from_dict(again) == plan
+
+
+def test_a_plan_over_device_memory_is_refused_before_anything_is_built(capsys, monkeypatch):
+    import pipeline.run as run
+
+    def never(*a, **k):
+        raise AssertionError("a pool ran a plan over the budget")
+
+    monkeypatch.setattr(run, "run_plan", never)
+    assert main([*TINY_VIT_ARGS, "--stages", "2", "--policy", "uniform", "--device-memory", "64MiB"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: rank ") and "over --device-memory 64 MiB: nothing was built; use more stages" in err
+    assert err.count("\n") == 1
+
+
+@pytest.mark.multiprocess
+def test_without_a_serial_baseline_a_run_reports_throughput_and_its_stages(pool2, tiny_spec):
+    from pipeline.core.plan import SplitPoint
+    from pipeline.run import RunConfig, format_result, run_plan
+
+    plan = SplitPlan(model=tiny_spec, split_points=(SplitPoint("blocks.2"),), chunks=2)
+    r = run_plan(plan, RunConfig(repeats=2, serial=False))
+    assert r.ok and r.serial_s == () and r.serial_all_s == () and len(r.pipeline_s) == 2
+    assert r.throughput == pytest.approx(8 / sorted(r.pipeline_s)[0], rel=1) and r.tokens_per_s is None
+    text = format_result(r)
+    assert "no speedup: the serial model was not timed" in text and "samples/s" in text
+    assert len(r.stage_bytes) == 2 and all(b > 0 for b in r.stage_bytes)
+    assert r.to_dict()["throughput"] == r.throughput

@@ -16,7 +16,7 @@ from torch import nn
 
 from pipeline.core.errors import PipesplitError
 from pipeline.core.spec import ModelSpec, TensorSpec
-from pipeline.models.meta import MetaModel, build_meta, from_eager
+from pipeline.models.meta import MetaModel, build_meta, fake_model, from_eager
 from pipeline.models.weights import checkpoint_reader, whole_model
 
 
@@ -52,6 +52,12 @@ def _create_timm(name: str, kwargs: dict[str, Any]) -> nn.Module:
         raise PipesplitError(f"model {name} rejected --model-kwargs {kwargs}: {_first(e)}") from None
     except Exception as e:  # noqa: BLE001 - any failure to build from the user's kwargs is their input problem
         raise PipesplitError(f"model {name} cannot be built with kwargs {kwargs}: {type(e).__name__}: {_first(e)}") from None
+
+
+def _timm_on_meta(name: str, kwargs: dict[str, Any]) -> nn.Module:
+    """The timm model for its configuration only (input size), on meta: no storage, whatever its size."""
+    with torch.device("meta"):
+        return _create_timm(name, kwargs)
 
 
 def _first(e: BaseException) -> str:
@@ -105,12 +111,12 @@ def resolve_spec(
     common: dict[str, Any] = {"name": name, "source": source, "kwargs": kwargs, "dtype": dtype,
                               "checkpoint": checkpoint, "seed": seed}
     if source == "hf":
-        from pipeline.models.hf import check_runs, hf_input
+        from pipeline.models.hf import hf_input
 
         tokens = hf_input(name, kwargs, seq_len)
         spec = ModelSpec(batch_size=32 if batch_size is None else batch_size, input_shape=(tokens.seq_len,),
                          input_dtype="int64", input_high=tokens.vocab, **common)
-        check_runs(_create(spec), name, tokens.vocab, kwargs)
+        _check_hf(spec, tokens.vocab)
         return spec
     if source == "factory":
         from pipeline.models.factory import factory_input
@@ -118,7 +124,7 @@ def resolve_spec(
         ex = factory_input(name, kwargs)
         return _with_inputs(ModelSpec(batch_size=ex.batch_size if batch_size is None else batch_size, **common),
                             ex.inputs)
-    model = _create_timm(name, kwargs)
+    model = _timm_on_meta(name, kwargs)
     shape, fixed = _native_input_shape(model, kwargs)
     if image_size is not None:
         if image_size < 1:
@@ -130,6 +136,21 @@ def resolve_spec(
             )
         shape = (shape[0], image_size, image_size)
     return ModelSpec(batch_size=32 if batch_size is None else batch_size, input_shape=shape, **common)
+
+
+def _check_hf(spec: ModelSpec, vocab: int) -> None:
+    """The ``hf:`` model runs on token ids: tried with fake tensors (no storage: a model bigger than this
+    host is checked too), and on a real build only where that fails, whose error is then the one said."""
+    from pipeline.models.hf import check_runs
+
+    try:
+        check_runs(fake_model(build_meta(lambda: _create(spec), spec.seed, torch.float32), torch.device("cpu")).module,
+                   spec.name, vocab, dict(spec.kwargs))
+        return
+    except Exception:  # noqa: BLE001 - a config error or a fake-tensor limit: the real build below tells which
+        pass
+    torch.manual_seed(spec.seed)
+    check_runs(_create(spec), spec.name, vocab, dict(spec.kwargs))
 
 
 def fit_input(spec: ModelSpec, *, given: bool) -> ModelSpec:
@@ -147,7 +168,7 @@ def fit_input(spec: ModelSpec, *, given: bool) -> ModelSpec:
         from pipeline.models.factory import factory_input
 
         return _with_inputs(spec, factory_input(spec.name, dict(spec.kwargs)).inputs)
-    model = _create_timm(spec.name, dict(spec.kwargs))
+    model = _timm_on_meta(spec.name, dict(spec.kwargs))
     native, fixed = _native_input_shape(model, dict(spec.kwargs))
     if not given:
         return replace(spec, input_shape=native)

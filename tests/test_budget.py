@@ -1,0 +1,85 @@
+"""pipeline.core.budget: sizes, each rank's predicted peak, and the one line that refuses a plan over the budget."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from pipeline.core.budget import format_size, in_flight, parse_size, predict_memory
+from pipeline.core.errors import PipesplitError
+from pipeline.core.plan import SplitPlan, SplitPoint
+from pipeline.core.spec import ModelSpec
+
+SPEC = ModelSpec(name="m", batch_size=8, input_shape=(3, 32, 32))
+
+
+def _plan(stages: int = 4, **kw) -> SplitPlan:
+    return SplitPlan(model=kw.pop("model", SPEC), split_points=tuple(SplitPoint(f"b.{i}") for i in range(1, stages)),
+                     chunks=kw.pop("chunks", 4), **kw)
+
+
+def test_sizes_as_people_write_them():
+    assert parse_size("1.5GiB") == 3 * 2**29 and parse_size("512MiB") == 2**29 and parse_size("2GB") == 2 * 10**9
+    assert parse_size("4096") == 4096
+    for bad in ("", "-1GiB", "0", "lots", "3 parsecs"):
+        with pytest.raises(PipesplitError, match=r"--device-memory .* is not a positive size: write it like 4GiB"):
+            parse_size(bad)
+
+
+@given(st.integers(min_value=2**20, max_value=2**45))
+def test_a_formatted_size_reads_back_within_its_rounding(n):
+    back = parse_size(format_size(n).replace(" ", ""))
+    assert abs(back - n) <= max(2**20 // 2 + 1, n * 0.006)
+
+
+@given(st.integers(1, 8), st.sampled_from(["GPipe", "1F1B"]), st.sampled_from(["infer", "train"]),
+       st.sampled_from([1, 2, 4, 8]))
+def test_microbatches_in_flight(ranks, schedule, mode, chunks):
+    if schedule == "1F1B" and chunks < ranks:
+        chunks = 8  # torch's 1F1B needs a microbatch per stage
+    plan = _plan(ranks, schedule=schedule, mode=mode, chunks=chunks)
+    for r in range(ranks):
+        k = in_flight(plan, r)
+        assert 1 <= k <= chunks
+        if mode == "train" and schedule == "1F1B":
+            assert k == min(chunks, ranks - r)
+
+
+@given(st.lists(st.integers(0, 2**32), min_size=4, max_size=4), st.integers(0, 2**30))
+def test_each_rank_holds_its_own_weights_and_training_adds_gradients_and_two_moments(weights, runtime):
+    sums, maxes = [10, 20, 30, 40], [1, 2, 3, 4]
+    infer = predict_memory(_plan(), weights=weights, leaf_out_sum=sums, leaf_out_max=maxes, runtime=runtime,
+                           budget=2**40)
+    train = predict_memory(_plan(mode="train", optimizer="adamw"), weights=weights, leaf_out_sum=sums,
+                           leaf_out_max=maxes, runtime=runtime, budget=2**40)
+    sgd = predict_memory(_plan(mode="train", optimizer="sgd"), weights=weights, leaf_out_sum=sums, leaf_out_max=maxes,
+                         runtime=runtime, budget=2**40)
+    assert [r.weights for r in infer.ranks] == weights and all(r.train_state == 0 for r in infer.ranks)
+    assert [r.train_state for r in train.ranks] == [3 * w for w in weights]
+    assert [r.train_state for r in sgd.ranks] == [2 * w for w in weights]
+    assert all(r.runtime == runtime for r in infer.ranks)
+    assert infer.whole >= sum(weights) + runtime
+
+
+def test_two_stages_per_rank_count_on_their_rank():
+    plan = _plan(4, stages_per_rank=2, schedule="Interleaved1F1B")
+    p = predict_memory(plan, weights=[1, 2, 4, 8], leaf_out_sum=[0] * 4, leaf_out_max=[0] * 4, runtime=0, budget=99)
+    assert [r.weights for r in p.ranks] == [1 + 4, 2 + 8]
+
+
+def test_a_plan_over_the_budget_is_one_line_naming_the_rank_and_the_fix():
+    p = predict_memory(_plan(), weights=[2**30, 2**28, 2**28, 2**28], leaf_out_sum=[0] * 4, leaf_out_max=[0] * 4,
+                       runtime=2**28, budget=2**30)
+    assert p.worst.rank == 0 and not p.serial_fits
+    with pytest.raises(PipesplitError) as e:
+        p.check(_plan())
+    msg = str(e.value)
+    assert "\n" not in msg
+    assert msg.startswith("rank 0 needs about 1.25 GiB (weights 1.00 GiB, activations 0 MiB, runtime 256 MiB), "
+                          "over --device-memory 1.00 GiB: nothing was built; use more stages (--stages), "
+                          "--dtype bfloat16")
+    fits = predict_memory(_plan(), weights=[2**20] * 4, leaf_out_sum=[0] * 4, leaf_out_max=[0] * 4, runtime=0,
+                          budget=2**30)
+    fits.check(_plan())
+    assert fits.serial_fits
