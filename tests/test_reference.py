@@ -2,16 +2,14 @@
 
 from __future__ import annotations
 
-import copy
-
 import pytest
 import torch
-from torch._subclasses.fake_tensor import is_fake
 from conftest import TINY_VIT
+from torch._subclasses.fake_tensor import is_fake
 
 from pipeline.models.batch import example_input, first_chunk
 from pipeline.models.build import build_meta_model, build_model, resolve_spec
-from pipeline.models.meta import fake_model
+from pipeline.models.meta import fake_copies_allowed, fake_model, module_copy
 from pipeline.stage.build import name_in
 from pipeline.stage.reference import streamed_output, streamed_step
 from pipeline.stage.training import aliases, make_target, reference
@@ -31,8 +29,9 @@ def _split(spec, meta, cuts, chunks):
 
     x = example_input(spec)
     fake = fake_model(meta, torch.device("cpu"))
-    pipe = pipeline(copy.deepcopy(fake.module), mb_args=fake.inputs(first_chunk(x, chunks)),
-                    split_spec={c: SplitPoint.BEGINNING for c in cuts})
+    with fake_copies_allowed():
+        pipe = pipeline(module_copy(fake.module), mb_args=fake.inputs(first_chunk(x, chunks)),
+                        split_spec={c: SplitPoint.BEGINNING for c in cuts})
     return pipe.split_gm, x
 
 

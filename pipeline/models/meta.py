@@ -12,9 +12,11 @@ same weights for the same name on any device, and a stage's weights cost only th
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import hashlib
-from collections.abc import Callable, Iterable
+import warnings
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,7 +26,8 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_map
 
-__all__ = ["FakeModel", "MetaModel", "build_meta", "fake_model", "from_eager", "storage_key"]
+__all__ = ["FakeModel", "MetaModel", "build_meta", "fake_model", "fake_copies_allowed", "from_eager", "module_copy",
+           "storage_key"]
 
 
 def storage_key(t: torch.Tensor) -> int:
@@ -321,6 +324,22 @@ class FakeModel:
         """One forward for shapes and module calls (under no_grad)."""
         with torch.no_grad():
             return self.module(*self.inputs(batch))
+
+
+@contextlib.contextmanager
+def fake_copies_allowed() -> Iterator[None]:
+    """torch's ``Pipe`` deep-copies a replicated (tied) parameter, which warns for a fake tensor ("Accessing the
+    data pointer of FakeTensor is deprecated"); the copy is a fake tensor as it should be."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Accessing the data pointer of FakeTensor")
+        yield
+
+
+def module_copy(module: nn.Module) -> nn.Module:
+    """A copy of ``module``'s modules that shares its tensors (annotating split points rewrites modules, never
+    tensors; and deep-copying fake tensors is deprecated in torch)."""
+    memo: dict[int, Any] = {id(t): t for t in [*module.parameters(), *module.buffers()]}
+    return copy.deepcopy(module, memo)
 
 
 def fake_model(meta: MetaModel, device: torch.device) -> FakeModel:

@@ -28,6 +28,7 @@ import torch
 from torch import fx, nn
 
 from pipeline.models.batch import Batch
+from pipeline.models.meta import module_copy
 
 __all__ = ["LIMIT", "TraceCache", "call_events", "marker_fqn"]
 
@@ -162,7 +163,7 @@ class TraceCache:
             self._marked.clear()  # one model at a time, as the worker caches it
             self._exports.clear()
             self._codegen.clear()
-            marked = copy.deepcopy(model)  # annotate_split_points rewrites forwards in place
+            marked = module_copy(model)  # annotate_split_points rewrites forwards in place
             annotate_split_points(marked, {fqn: SplitPoint.BEGINNING for fqn in _module_starts(model, mb)})
             self._marked[key] = marked
         exported = Pipe._trace_with_export(self._marked[key], mb, None)

@@ -15,7 +15,7 @@ from torch import nn
 from pipeline.core.errors import PipesplitError, one_line
 from pipeline.models.meta import MetaModel, fake_model, storage_key
 
-__all__ = ["Checkpoint", "checkpoint_reader", "forward_module", "materialise_module", "module_tensors",
+__all__ = ["Checkpoint", "checkpoint_reader", "empty_copy", "forward_module", "materialise_module", "module_tensors",
            "whole_model"]
 
 
@@ -159,6 +159,17 @@ def retarget(module: nn.Module, device: torch.device) -> int:
                 owner.recompile()
             changed += edited
     return changed
+
+
+def empty_copy(module: nn.Module) -> nn.Module:
+    """A private copy of ``module`` whose parameters and buffers are plain meta tensors of the same shapes
+    (for ``materialise_module`` to fill): deep-copying fake tensors themselves is deprecated in torch."""
+    memo: dict[int, object] = {}
+    for _, t, is_param in module_tensors(module):
+        if id(t) not in memo:
+            empty = torch.empty(t.shape, dtype=t.dtype, device="meta")
+            memo[id(t)] = nn.Parameter(empty, requires_grad=t.requires_grad) if is_param else empty
+    return copy.deepcopy(module, memo)
 
 
 def whole_model(meta: MetaModel, device: torch.device) -> nn.Module:

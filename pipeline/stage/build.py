@@ -16,9 +16,9 @@ from torch import nn
 from pipeline.core.errors import one_line
 from pipeline.core.plan import BACKENDS, MULTI_SCHEDULES, SplitPlan
 from pipeline.models.batch import Batch, first_chunk
-from pipeline.models.meta import MetaModel, fake_model
+from pipeline.models.meta import MetaModel, fake_copies_allowed, fake_model, module_copy
 from pipeline.models.traces import TraceCache
-from pipeline.models.weights import materialise_module, whole_model
+from pipeline.models.weights import empty_copy, materialise_module, whole_model
 from pipeline.stage.training import aliases, loss_fn, make_optimizer, tied_grads
 
 
@@ -176,10 +176,12 @@ def _build_torch(plan: SplitPlan, meta: MetaModel, x: Batch, rank: int, device: 
     if meta.runs_on_meta is not False:
         fake = fake_model(meta, device)
         mb = fake.inputs(first_chunk(x, plan.chunks))
-        pipe = traces.pipe(plan.model.key, fake.module, mb, plan.split_spec()) if traces is not None else None
+        with fake_copies_allowed():
+            pipe = traces.pipe(plan.model.key, fake.module, mb, plan.split_spec()) if traces is not None else None
         if pipe is None:
             try:
-                pipe = pipeline(_fresh(fake.module), mb_args=mb, split_spec=spec)
+                with fake_copies_allowed():
+                    pipe = pipeline(module_copy(fake.module), mb_args=mb, split_spec=spec)
             except Exception as e:  # noqa: BLE001 - cut from a real copy below, and say why once
                 meta.runs_on_meta, meta.why_not_meta = False, one_line(e)
     if pipe is None:
@@ -194,7 +196,7 @@ def _build_torch(plan: SplitPlan, meta: MetaModel, x: Batch, rank: int, device: 
     for i in held:
         on_meta = pipe.get_stage_module(i)
         target_name = next(n for n, m in pipe.split_gm.named_children() if m is on_meta)
-        real = copy.deepcopy(on_meta)
+        real = empty_copy(on_meta)
         own += materialise_module(real, meta, device, name_of, train=train)
         setattr(pipe.split_gm, target_name, real)
         try:

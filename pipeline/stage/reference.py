@@ -11,7 +11,6 @@ receives, tied weights) and its stages' weights, against the same computation ma
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -20,7 +19,7 @@ from torch import fx, nn
 
 from pipeline.models.batch import Batch
 from pipeline.models.meta import MetaModel
-from pipeline.models.weights import materialise_module
+from pipeline.models.weights import empty_copy, materialise_module
 from pipeline.stage.training import Reference, loss_fn
 
 __all__ = ["streamed_output", "streamed_step"]
@@ -29,7 +28,7 @@ __all__ = ["streamed_output", "streamed_step"]
 def _stage(split_gm: fx.GraphModule, target: str, meta: MetaModel, device: torch.device, name_of: Callable[[str], str],
            train: bool) -> nn.Module:
     """A private, real copy of one stage of ``split_gm`` (which stays on meta)."""
-    mod = copy.deepcopy(split_gm.get_submodule(target))
+    mod = empty_copy(split_gm.get_submodule(target))
     materialise_module(mod, meta, device, name_of, train=train)
     return mod
 
