@@ -3,7 +3,8 @@ anything is built, and whether the whole model fits one device (a serial baselin
 
 A rank holds its stages' weights; in training their gradients and the optimizer's state (AdamW two
 moments, SGD one momentum); the activations of the microbatches its schedule keeps in flight; and its
-runtime (the process itself: torch, the tracing stack; on CPU its resident memory before any model).
+runtime (the process itself: torch, the tracing stack; on CPU its resident memory before any model). The last
+rank also keeps the batch's output twice (per microbatch and merged) and the output check's reference.
 """
 
 from __future__ import annotations
@@ -119,10 +120,10 @@ def predict_memory(plan: SplitPlan, *, weights: Sequence[int], leaf_out_sum: Seq
         w = sum(weights[s] for s in held)
         if train:
             act = sum(leaf_out_sum[s] for s in held) * micro * in_flight(plan, r)
-        else:  # a stage's input and output per microbatch, the last stage's outputs kept for the whole batch
+        else:  # a stage's input and output per microbatch
             act = sum(3 * leaf_out_max[s] * micro for s in held)
-            if plan.stages - 1 in held:
-                act += leaf_out_max[plan.stages - 1] * plan.model.batch_size
+        if plan.stages - 1 in held:  # the batch's output twice (per microbatch, merged) and the check's reference
+            act += 3 * leaf_out_max[plan.stages - 1] * plan.model.batch_size
         ranks.append(RankMemory(rank=r, weights=w, train_state=w * state, activations=act, runtime=runtime))
     total_w = sum(weights)
     whole_act = (sum(leaf_out_sum) if train else 3 * max(leaf_out_max, default=0)) * plan.model.batch_size

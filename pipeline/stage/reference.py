@@ -11,6 +11,7 @@ receives, tied weights) and its stages' weights, against the same computation ma
 
 from __future__ import annotations
 
+import gc
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -65,7 +66,7 @@ def _forward(split_gm: fx.GraphModule, meta: MetaModel, x: Batch, chunks: int, d
                 for env in envs:
                     env[node] = mod(*fx.node.map_arg(node.args, env.__getitem__),
                                     **fx.node.map_arg(node.kwargs, env.__getitem__))
-            del mod
+            _free(mod)
         for c, env in enumerate(envs):
             if node.op == "placeholder":
                 env[node] = mbs[c][placeholders.index(node)]
@@ -159,7 +160,16 @@ def _backward(split_gm: fx.GraphModule, node: fx.Node, meta: MetaModel, device: 
         name = name_of(n)
         if name in want and p.grad is not None:
             kept[name] = kept[name] + p.grad if name in kept else p.grad.detach()
-    del mod
+    _free(mod)
+
+
+def _free(mod: nn.Module) -> None:
+    """Let a stage's weights go now: its traced modules refer to each other in cycles, which only the
+    collector frees (without it the last rank kept every streamed stage: 3.2 GiB of a 2 GiB Llama)."""
+    for m in mod.modules():
+        m._parameters.clear()
+        m._buffers.clear()
+    gc.collect()
 
 
 def _leaf(v: Any) -> Any:

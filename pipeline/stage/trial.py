@@ -204,6 +204,7 @@ def run_trial(state: RankState, plan: SplitPlan, opts: TrialOptions) -> TrialRep
                     diff, tol = check.diff, check.tolerance
                     what = "pipeline output differs from the unsplit model"
                 checked = True
+                y = None  # the checked output is not kept through the timed runs (a language model's logits)
                 if not diff <= tol:
                     return _mismatch(rank, diff, tol, what)
             t_checked = time.perf_counter()
@@ -223,6 +224,7 @@ def run_trial(state: RankState, plan: SplitPlan, opts: TrialOptions) -> TrialRep
             for _ in range(opts.repeats):
                 if opts.serial:
                     serial.append(state.serial(serial_run, None))
+                y = None  # the last run's output goes before this one makes its own
                 state.peak.reset()  # the pipeline's own peak: not the build's, nor the serial model's
                 wall, busy, events, comm_events, t0_abs, y, work = _pipeline_once(state, stage, x, clock, comm)
                 peak, base = max(peak, state.peak.read()), min(base, state.peak.base)
