@@ -241,6 +241,27 @@ def add_cache_args(p: argparse.ArgumentParser) -> None:
                    help=f"profile cache folder (default ${PROFILE_DIR_ENV}, else {PROFILE_DIR})")
 
 
+def add_device_memory_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--device-memory", default=None, metavar="SIZE",
+                   help="memory one device has (1.5GiB): the profile times the whole model in one process, so it "
+                   "must fit; checked from the model on meta before anything is built")
+
+
+def check_whole_fits(spec: ModelSpec, device_memory: str | None, granularity: str, *, device: str = "cpu",
+                     mode: str = "infer") -> None:
+    """One line, before anything is built, where the whole model does not fit ``--device-memory``."""
+    if device_memory is None:
+        return
+    from pipeline.core.budget import parse_size
+    from pipeline.models.build import build_meta_model
+    from pipeline.models.footprint import require_whole_fits
+
+    meta = build_meta_model(spec)
+    require_whole_fits(meta, find_candidates(meta, spec, granularity), spec, parse_size(device_memory),
+                       "the profile times the whole model in one process (a profile within the budget, a few "
+                       "segments at a time, is not built yet)", mode=mode, device=device)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     from pipeline.logs import quiet_logs
 
@@ -263,10 +284,13 @@ def main(argv: Sequence[str] | None = None) -> int:
                    help="also time each segment's backward (whole, input grad, weight grad) and an AdamW step, "
                    "as a training search's profile does (with --stages 1)")
     add_cache_args(p)
+    add_device_memory_arg(p)
     p.add_argument("--out", default=None, help="also write the profile JSON here")
     args = p.parse_args(argv)
     try:
         spec = spec_from_args(args)
+        check_whole_fits(spec, args.device_memory, args.granularity, device=args.device,
+                         mode="train" if args.train else "infer")
         micro = [int(t) for t in args.micro_sizes.split(",")] if args.micro_sizes else None
         if args.train and args.stages > 1:
             raise PipesplitError("--train times segments one stage at a time: drop --stages or --train")

@@ -125,7 +125,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     quiet_logs()
     from tqdm import tqdm
 
-    from costmodel.profile import add_cache_args, load_for_stages
+    from costmodel.profile import add_cache_args, add_device_memory_arg, check_whole_fits, load_for_stages
     from pipeline.cli import Parser, add_model_args, positive_int, spec_from_args
     from pipeline.core.plan import (
         MODES,
@@ -171,10 +171,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                    "median of rounds x repeats")
     add_cache_args(p)
     p.add_argument("--out", default=None, help="also write every plan's predicted and measured numbers as JSON here")
+    add_device_memory_arg(p)
     args = p.parse_args(argv)
     try:
         check_ranks(args.stages, args.stages_per_rank)
         spec = spec_from_args(args)
+        check_whole_fits(spec, args.device_memory, args.granularity, device=args.device, mode=args.mode)
         per = args.stages_per_rank
         train = args.mode == "train"
         if not train and (args.schedule not in ("GPipe", "1F1B") or per != 1):

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 from costmodel.types import PROFILE_DIR_ENV
 from pipeline.cli import ModelArgs
+from pipeline.core import budget
 from pipeline.core.errors import PipesplitError
 from pipeline.core.plan import check_ranks, parse_chunks
 from search.layouts import parse_per_rank, parse_schedules
@@ -73,6 +74,8 @@ class SearchConfig:
     """``train`` measures whole training steps, priced by replaying each schedule's action order."""
     optimizer: str = "adamw"
     max_stage_memory: int | None = None
+    device_memory: int | None = None
+    """Memory each rank's device has (``--device-memory``): a plan predicted over it is not run."""
     objectives: tuple[str, ...] = ("speedup",)
     """``("speedup", "memory")``: a two-objective study (speedup up, the largest stage's peak memory down)."""
     """Bytes a stage may peak at; a measured trial over it is infeasible (None: no limit)."""
@@ -125,4 +128,5 @@ class SearchConfig:
                    threads_per_stage=args.threads_per_stage, mode=args.mode or "infer",
                    optimizer=args.optimizer or "adamw",
                    max_stage_memory=None if args.max_stage_memory is None else parse_size(args.max_stage_memory),
+                   device_memory=None if args.device_memory is None else budget.parse_size(args.device_memory),
                    objectives=tuple(t.strip() for t in (args.objectives or "speedup").split(",")))

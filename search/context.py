@@ -13,6 +13,7 @@ import optuna
 from costmodel.calibrate import TrialRows, fit
 from costmodel.simulate import simulate
 from costmodel.types import Machine, Profile
+from pipeline.core.budget import MemoryPrediction
 from pipeline.core.plan import SplitPlan, SplitPoint
 from pipeline.core.result import TrialResult
 from pipeline.core.spec import ModelSpec
@@ -68,6 +69,8 @@ class SearchContext:
     memory_objective: bool = False
     """``--objectives speedup,memory``: each trial's values are (speedup, its largest stage's peak MiB)."""
     max_stage_memory: int | None = None
+    memory_of: Callable[[SplitPlan], MemoryPrediction] | None = None
+    """Each plan's per-rank peak predicted against ``--device-memory`` (None without it)."""
     """Bytes a stage may peak at (``--max-stage-memory``): a measured trial over it is infeasible."""
     artifacts: Any = None
     """An Optuna artifact store: every measured trial's timeline PNG is uploaded to it (dashboard shows it)."""

@@ -122,7 +122,10 @@ def export(study: optuna.Study, ctx: SearchContext, outdir: Path, *, confirmatio
     paths.append(write_with(outdir / "trials.csv", lambda tmp: df.to_csv(tmp, index=False)))
     rows = summary_rows(study, confirmation)
     table = summary_table(rows)
-    budget = budget_line(trial_counts(study), asked, ctx.budget_repeats)
+    settings = study.user_attrs.get("config") or {}
+    flag = "--device-memory" if settings.get("device_memory") and not settings.get("max_stage_memory") \
+        else "--max-stage-memory"
+    budget = budget_line(trial_counts(study), asked, ctx.budget_repeats, flag)
     share = timed_share(study)
     if share is not None:
         budget += (f" The measured trials spent {share:.0%} of their wall time in timed repeats (the rest: building "
@@ -135,6 +138,10 @@ def export(study: optuna.Study, ctx: SearchContext, outdir: Path, *, confirmatio
     if (study.user_attrs.get("config") or {}).get("mode") == "train":
         budget += (" Training steps (forward, loss, backward, optimizer): 'predicted' replays each schedule's own "
                    "action order (torch's) over the profile's forward, backward and optimizer-step times.")
+    device = (study.user_attrs.get("config") or {}).get("device_memory")
+    if device:
+        budget += (f" Device memory: {format_size(device)} per rank (--device-memory); a plan with a rank predicted "
+                   "over it from the model on meta was not run.")
     limit = (study.user_attrs.get("config") or {}).get("max_stage_memory")
     if limit:
         budget += f" Memory limit: every stage at most {format_size(limit)} peak (--max-stage-memory)."
@@ -186,7 +193,8 @@ def trial_counts(study: optuna.Study) -> dict[str, int]:
     return out
 
 
-def budget_line(c: dict[str, int], asked: int | None, budget_repeats: int | None = None) -> str:
+def budget_line(c: dict[str, int], asked: int | None, budget_repeats: int | None = None,
+                memory_flag: str = "--max-stage-memory") -> str:
     """The search's budget in words: what was asked, what was measured, and why the rest was not."""
     own = c["measured"] - c["seeds"]
     raced = f", {c['raced_out']} of them raced out early" if c.get("raced_out") else ""
@@ -201,8 +209,8 @@ def budget_line(c: dict[str, int], asked: int | None, budget_repeats: int | None
         if budget_repeats is not None and c.get("repeats", 0) >= budget_repeats:
             text += " The search stopped when its repeat budget was spent."
         elif c.get("space") and c["measured"] + c["pruned"] + c.get("predicted_over", 0) >= c["space"]:
-            over = (f", {c['predicted_over']} predicted over --max-stage-memory and not run"
-                    if c.get("predicted_over") else "")
+            over = (f", {c['predicted_over']} predicted over {memory_flag} and not run" if c.get("predicted_over")
+                    else "")
             text += (f" The space holds only {c['space']} plans ({c['measured']} measured, {c['pruned']} pruned by "
                      f"the cost model{over}): every one was tried, each once.")
         else:

@@ -18,7 +18,7 @@ from pipeline.core.plan import SplitPlan
 from pipeline.core.result import TrialResult, merged
 from search.context import SearchContext, plan_key
 from search.coordination import MEASURED, SAMPLER, measured_trials, skip_reason, speedup_of, worker_id
-from search.memory import OVER_MEMORY, over_limit, predicted_over, runtime_bytes
+from search.memory import OVER_MEMORY, format_size, over_limit, predicted_over, runtime_bytes
 from search.notes import save_trial_note
 from search.pruning import PRUNE_STREAK, budget_covers_rest, prune_reason
 from search.racing import band, best_value, study_cv
@@ -85,6 +85,8 @@ class Objective:
                 return (float(t.values[0]), float(t.values[1])) if ctx.memory_objective else float(t.values[0])
         if ctx.max_stage_memory and prediction is not None:
             self._maybe_over_memory(trial, prediction.rank_mem_bytes, ctx.max_stage_memory)
+        if ctx.memory_of is not None:
+            self._maybe_over_device(trial, plan)
         if ctx.prune and source is None and point is not None and prediction is not None:
             self._maybe_prune(trial, point, machine)
         trial.set_user_attr("plan_key", key)
@@ -174,6 +176,18 @@ class Objective:
                 if t.user_attrs.get("peak_mem_bytes") and t.user_attrs.get("predicted_mem_bytes")]
         why = predicted_over(predicted, runtime_bytes(seen), limit)
         if why:
+            trial.set_user_attr(OVER_MEMORY, why)
+            save_trial_note(trial, self.ctx.space.names, "predicted over the memory limit", None)
+            raise optuna.TrialPruned(why)
+
+    def _maybe_over_device(self, trial: optuna.Trial, plan: SplitPlan) -> None:
+        """Do not run a plan (a seed's too) with a rank predicted over ``--device-memory``, from the model on
+        meta before anything is built; its per-rank prediction is kept either way."""
+        assert self.ctx.memory_of is not None
+        pred = self.ctx.memory_of(plan)
+        trial.set_user_attr("predicted_rank_bytes", [r.total for r in pred.ranks])
+        if pred.worst.total > pred.budget:
+            why = f"predicted: {pred.worst.describe()}, over --device-memory {format_size(pred.budget)}: not run"
             trial.set_user_attr(OVER_MEMORY, why)
             save_trial_note(trial, self.ctx.space.names, "predicted over the memory limit", None)
             raise optuna.TrialPruned(why)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
@@ -96,6 +96,10 @@ def build_parser(prog: str, description: str, epilog: str, *, sweep: bool = Fals
     s.add_argument("--max-stage-memory", default=None, metavar="SIZE",
                    help="largest peak memory a stage may use (4GiB, 512MiB): a plan predicted over it is not run, "
                    "a measured plan over it is infeasible (kept with its figures, never declared best)")
+    s.add_argument("--device-memory", default=None, metavar="SIZE",
+                   help="memory each rank's device has (1.5GiB): every plan's per-rank peak is predicted from the "
+                   "model on meta and a plan over it is not run (pruned, with its prediction); the search times a "
+                   "serial baseline, so the whole model must fit it")
     s.add_argument("--objectives", default=None, metavar="speedup[,memory]",
                    help="speedup (default), or speedup,memory: a two-objective study (speedup up, the largest "
                    "stage's peak memory down; no racing, one value per trial); the summary lists the Pareto front")
@@ -158,6 +162,25 @@ class StudyRun:
     storage_url: str
 
 
+def device_budget(cfg: SearchConfig, meta: Any, cands: Any, spec: Any) -> Callable[[SplitPlan], Any] | None:
+    """Each plan's per-rank prediction against ``--device-memory`` (None without it); one line before anything
+    starts where the whole model does not fit, since every trial times the serial model."""
+    if cfg.device_memory is None:
+        return None
+    from pipeline.models.footprint import leaf_outputs, predict_plan, require_whole_fits
+
+    leaves = leaf_outputs(meta, spec, cands)
+    require_whole_fits(meta, cands, spec, cfg.device_memory, "a search times the serial model beside every plan, so "
+                       "it cannot search this model yet; run plans with python -m pipeline.run --device-memory, which "
+                       "reports their throughput", mode=cfg.mode, optimizer=cfg.optimizer, device=cfg.device,
+                       leaves=leaves)
+
+    def memory_of(plan: SplitPlan) -> Any:
+        return predict_plan(plan, meta, cands, cfg.device_memory, leaves=leaves)
+
+    return memory_of
+
+
 def run_study(cfg: SearchConfig, *, references: bool = False) -> StudyRun:
     """Run or resume the study ``cfg`` describes, confirm, export; ``references`` confirms every
     reference policy beside the best (``search.sweep``)."""
@@ -188,8 +211,10 @@ def run_study(cfg: SearchConfig, *, references: bool = False) -> StudyRun:
     storage = open_storage(cfg.storage)
     spec = cfg.model.resolve()
     granularity = cfg.model.granularity
-    cands = find_candidates(build_meta_model(spec), spec, granularity)
+    meta = build_meta_model(spec)
+    cands = find_candidates(meta, spec, granularity)
     cands.check_stages(cfg.stages, spec.label)
+    memory_of = device_budget(cfg, meta, cands, spec)
     stages = cfg.stages
     choice = choose_layouts(cfg.schedules, cfg.stages_per_rank, ranks=stages, mode=cfg.mode,
                             chunks=choose_chunks(cfg.chunks, spec.batch_size, DEFAULT_CHUNKS),
@@ -212,6 +237,7 @@ def run_study(cfg: SearchConfig, *, references: bool = False) -> StudyRun:
               "threads_per_stage": threads, "backend": cfg.backend, "schedule": ",".join(cfg.schedules),
               **({"stages_per_rank": list(cfg.stages_per_rank)} if cfg.stages_per_rank else {}), "space": SPACE_VERSION,
               **({"max_stage_memory": cfg.max_stage_memory} if cfg.max_stage_memory else {}),
+              **({"device_memory": cfg.device_memory} if cfg.device_memory else {}),
               **({"objectives": list(cfg.objectives)} if len(cfg.objectives) > 1 else {}),
               **({"mode": "train", "optimizer": cfg.optimizer} if cfg.mode == "train" else {})}
     # failed trials are reported in one line by the search loop, not with optuna's traceback
@@ -271,6 +297,7 @@ def run_study(cfg: SearchConfig, *, references: bool = False) -> StudyRun:
                             repeats=repeats, repeat_cap=cap, budget_repeats=cfg.budget_repeats,
                             trial_timeout_s=cfg.trial_timeout_s, prune=cfg.prune,
                             progress=cfg.progress, max_stage_memory=cfg.max_stage_memory, memory_objective=two,
+                            memory_of=memory_of,
                             artifacts=artifacts, budget=trials, check_first_repeat=check_on_first_repeat(serial_s))
         model_best = [PlanPoint(cuts=p.cuts, chunks=p.chunks, layout=k) for k, lay in enumerate(space.layouts)
                       for p in ranked(prof, stages * lay.per_rank, list(lay.chunks))]

@@ -93,6 +93,8 @@ def test_dashboard_lists_the_study_and_its_trials(searched):
     (["--schedule", "ZBVZeroBubble"], "ZBVZeroBubble trains only"),
     (["--stages-per-rank", "two"], "--stages-per-rank 'two' is not a list of integers"),
     (["--max-stage-memory", "lots"], "--max-stage-memory 'lots' is not a positive size"),
+    (["--device-memory", "lots"], "--device-memory 'lots' is not a positive size"),
+    (["--device-memory", "1MiB"], "over --device-memory 1 MiB: a search times the serial model beside every plan"),
 ])
 def test_bad_input_exits_non_zero_with_one_line(tmp_path, capsys, extra, message):
     args = [*TINY_VIT_ARGS, "--stages", "2", "--storage", f"sqlite:///{tmp_path}/o.db", "--results-dir",

@@ -87,3 +87,12 @@ def test_a_training_profile_keeps_backward_and_optimizer_times_and_its_own_cache
 
     assert main([*TINY_VIT_ARGS, "--threads", "1", "--micro-sizes", "2,8", "--cache-dir", str(root), "--train"]) == 0
     assert "training, at microbatch 8" in capsys.readouterr().out
+
+
+def test_a_whole_model_over_device_memory_is_refused_before_it_is_built(tmp_path, capsys):
+    from tests.conftest import TINY_VIT_ARGS
+
+    assert main([*TINY_VIT_ARGS, "--device-memory", "10MiB", "--cache-dir", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: the whole deit_tiny_patch16_224 needs about ") and "over --device-memory 10 MiB" in err
+    assert not list(tmp_path.iterdir())

@@ -21,7 +21,8 @@ from pipeline.models.candidates import Candidates
 from pipeline.models.meta import MetaModel
 from pipeline.models.weights import forward_module
 
-__all__ = ["StageBytes", "default_budget", "leaf_outputs", "predict_plan", "resident_bytes", "stage_bytes"]
+__all__ = ["StageBytes", "default_budget", "leaf_outputs", "predict_plan", "require_whole_fits", "resident_bytes",
+           "stage_bytes"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -108,12 +109,29 @@ def default_budget(device: str, ranks: int) -> int:
 
 
 def predict_plan(plan: SplitPlan, meta: MetaModel, cands: Candidates, budget: int | None = None,
-                 runtime: int | None = None) -> MemoryPrediction:
+                 runtime: int | None = None, leaves: dict[int, int] | None = None) -> MemoryPrediction:
     """Each rank's predicted peak for ``plan`` against ``budget`` (default: ``default_budget``); the runtime
     is this process's resident memory on CPU (a rank imports the same stack), 0 on CUDA (where the peak
-    measured is what torch allocates)."""
-    sb = stage_bytes(meta, plan.model, cands, plan)
+    measured is what torch allocates). ``leaves`` (``leaf_outputs``) saves a forward per plan."""
+    sb = stage_bytes(meta, plan.model, cands, plan, leaves)
     if runtime is None:
         runtime = 0 if plan.device == "cuda" else resident_bytes()
     return predict_memory(plan, weights=sb.weights, leaf_out_sum=sb.leaf_out_sum, leaf_out_max=sb.leaf_out_max,
                           runtime=runtime, budget=default_budget(plan.device, plan.ranks) if budget is None else budget)
+
+
+def require_whole_fits(meta: MetaModel, cands: Candidates, spec: ModelSpec, budget: int, why: str, *,
+                       mode: str = "infer", optimizer: str = "adamw", device: str = "cpu",
+                       leaves: dict[int, int] | None = None) -> MemoryPrediction:
+    """The whole model's prediction on one device; one line saying ``why`` it must fit where it does not."""
+    from pipeline.core.budget import format_size
+    from pipeline.core.errors import PipesplitError
+    from pipeline.core.plan import SplitPoint
+
+    probe = SplitPlan(model=spec, split_points=(SplitPoint(cands.cuts[0]),), chunks=1, mode=mode, optimizer=optimizer,
+                      device=device)
+    whole = predict_plan(probe, meta, cands, budget, leaves=leaves)
+    if not whole.serial_fits:
+        raise PipesplitError(f"the whole {spec.label} needs about {format_size(whole.whole)} on one device, over "
+                             f"--device-memory {format_size(budget)}: {why}")
+    return whole
