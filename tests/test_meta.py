@@ -14,7 +14,7 @@ LLAMA = {"num_hidden_layers": 2, "hidden_size": 32, "intermediate_size": 64, "nu
          "num_key_value_heads": 1, "vocab_size": 128}
 FAMILIES = [
     ("deit_tiny_patch16_224", "timm", TINY_VIT),  # a ViT: trunc-normal, zeros, a pos_embed
-    ("resnet18", "timm", {"num_classes": 10}),  # a CNN with BatchNorm's running statistics
+    ("test_resnet", "timm", {"num_classes": 10}),  # a CNN with BatchNorm's running statistics
     ("llama", "hf", LLAMA),  # rotary inv_freq, HF's _init_weights
     ("gpt2", "hf", GPT2),  # tied embeddings
     ("tests/factories/tiny_mlp.py:build", "factory", {"width": 12}),

@@ -277,5 +277,25 @@ def test_without_a_serial_baseline_a_run_reports_throughput_and_its_stages(pool2
     assert r.throughput == pytest.approx(8 / sorted(r.pipeline_s)[0], rel=1) and r.tokens_per_s is None
     text = format_result(r)
     assert "no speedup: the serial model was not timed" in text and "samples/s" in text
-    assert len(r.stage_bytes) == 2 and all(b > 0 for b in r.stage_bytes)
+    from pipeline.models.build import build_meta_model
+    from pipeline.models.candidates import find_candidates
+    from pipeline.models.footprint import stage_bytes
+
+    meta = build_meta_model(tiny_spec)
+    assert list(r.stage_bytes) == list(stage_bytes(meta, tiny_spec, find_candidates(meta, tiny_spec), plan).weights)
     assert r.to_dict()["throughput"] == r.throughput
+
+
+def test_torchpippy_under_a_budget_the_whole_model_exceeds_points_to_the_torch_backend(capsys, monkeypatch):
+    import pipeline.models.footprint as footprint
+    from pipeline.core.budget import MemoryPrediction, RankMemory
+
+    def fits_split_not_whole(plan, meta, cands, budget=None, runtime=None, leaves=None):
+        ranks = tuple(RankMemory(rank=r, weights=2**20, train_state=0, activations=0, runtime=0) for r in range(2))
+        return MemoryPrediction(ranks=ranks, whole=2**31, budget=2**30)
+
+    monkeypatch.setattr(footprint, "predict_plan", fits_split_not_whole)
+    assert main([*TINY_VIT_ARGS, "--split-points", "blocks.2", "--backend", "pippy", "--device-memory", "1GiB"]) == 2
+    err = capsys.readouterr().err
+    assert "torchpippy 0.2 traces the whole model on every rank" in err and "use --backend torch" in err
+    assert err.count("\n") == 1
