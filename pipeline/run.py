@@ -81,6 +81,11 @@ def check_memory(plan: SplitPlan, budget: int | None, granularity: str = "block"
     meta = build_meta_model(plan.model)
     prediction = predict_plan(plan, meta, find_candidates(meta, plan.model, granularity), budget)
     prediction.check(plan)
+    if meta.built_whole and not prediction.serial_fits:
+        raise PipesplitError(f"{plan.model.label} cannot be built on the meta device, and built whole it needs about "
+                             f"{format_size(prediction.whole)}, over --device-memory {format_size(prediction.budget)}: "
+                             "make its constructor meta-friendly (no explicit device='cpu', no reading values in "
+                             "__init__)")
     if plan.backend == "pippy" and not prediction.serial_fits:
         raise PipesplitError(f"torchpippy 0.2 traces the whole model on every rank, and {plan.model.label} needs about "
                              f"{format_size(prediction.whole)}, over --device-memory {format_size(prediction.budget)}: "

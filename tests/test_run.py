@@ -299,3 +299,27 @@ def test_torchpippy_under_a_budget_the_whole_model_exceeds_points_to_the_torch_b
     err = capsys.readouterr().err
     assert "torchpippy 0.2 traces the whole model on every rank" in err and "use --backend torch" in err
     assert err.count("\n") == 1
+
+
+def test_a_model_built_whole_off_meta_over_the_budget_says_how_to_make_it_meta_friendly(tmp_path, capsys, monkeypatch):
+    import pipeline.models.footprint as footprint
+    from pipeline.core.budget import MemoryPrediction, RankMemory
+
+    f = tmp_path / "cpu_only.py"
+    f.write_text("import torch\nfrom torch import nn\n\n"
+                 "def build():\n"
+                 "    m = nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 4))\n"
+                 "    m[0].weight.data[0, 0] = float(m[0].weight.data[0, 0].item())\n"
+                 "    return m, torch.randn(4, 4)\n")
+
+    def fits_split_not_whole(plan, meta, cands, budget=None, runtime=None, leaves=None):
+        ranks = tuple(RankMemory(rank=r, weights=2**20, train_state=0, activations=0, runtime=0) for r in range(2))
+        return MemoryPrediction(ranks=ranks, whole=2**31, budget=2**30)
+
+    monkeypatch.setattr(footprint, "predict_plan", fits_split_not_whole)
+    with pytest.warns(UserWarning, match="cannot be built on the meta device"):
+        code = main(["--model-factory", f"{f}:build", "--split-points", "2", "--device-memory", "1GiB"])
+    assert code == 2
+    err = capsys.readouterr().err
+    assert "cannot be built on the meta device, and built whole it needs about 2.00 GiB" in err
+    assert "make its constructor meta-friendly" in err and err.count("\n") == 1

@@ -144,6 +144,8 @@ class MetaModel:
         self.runs_on_meta: bool | None = None
         """Whether the model's forward runs on meta (None: not tried yet; ``weights.forward_module``)."""
         self.why_not_meta = ""
+        self.built_whole = False
+        """Whether this process built the whole model for real (its constructor cannot run on meta)."""
         self.fakes: dict[str, FakeModel] = {}
         """Per device, the model with fake tensors there (``fake_model``)."""
         self.tensors: dict[str, torch.Tensor] = {}
@@ -299,7 +301,9 @@ def from_eager(module: nn.Module, seed: int) -> MetaModel:
     for b in module.buffers():
         memo[id(b)] = b.to("meta")
     meta = copy.deepcopy(module, memo)  # the tensors by the memo: no second real copy
-    return MetaModel(meta, [], seed, given=real.get)
+    out = MetaModel(meta, [], seed, given=real.get)
+    out.built_whole = True
+    return out
 
 
 @dataclass
