@@ -25,14 +25,15 @@ from typing import Any
 
 import torch
 
-from costmodel.flops import count_flops
+from costmodel.flops import count_flops, torch_flops
 from costmodel.link import fit_link
 from costmodel.types import PROFILE_DIR_ENV, Link, Machine, Profile, Segment
 from pipeline.core.errors import PipesplitError
 from pipeline.core.spec import ModelSpec
 from pipeline.models.batch import example_input, rows
-from pipeline.models.build import build_model
+from pipeline.models.build import build_meta_model, build_model
 from pipeline.models.candidates import find_candidates
+from pipeline.models.meta import fake_model
 from pipeline.ranks.launch import open_pool
 from pipeline.stage.messages import SegmentReply
 from pipeline.stage.probes import SegmentRunner, stage_targets, time_segments, trace_all_cuts
@@ -48,8 +49,11 @@ def divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
-def segment_flops(spec: ModelSpec, granularity: str, m: int) -> list[int]:
-    """Multiply-accumulates per sample of every candidate segment, counted at microbatch size ``m``."""
+def segment_flops(spec: ModelSpec, granularity: str, m: int, streamed: bool = False) -> list[int]:
+    """Multiply-accumulates per sample of every candidate segment, counted at microbatch size ``m``: fvcore's on
+    the real model, or (``streamed``) torch's ``FlopCounterMode`` on the model's fake-tensor copy, no storage."""
+    if streamed:
+        return _fake_segment_flops(spec, granularity, m)
     model = build_model(spec)
     cands = find_candidates(model, spec, granularity)
     x = rows(example_input(spec), m)
@@ -61,13 +65,27 @@ def segment_flops(spec: ModelSpec, granularity: str, m: int) -> list[int]:
     return [count_flops(mods[t], runner.inputs[t]) // m for t in stage_targets(gm)]
 
 
+def _fake_segment_flops(spec: ModelSpec, granularity: str, m: int) -> list[int]:
+    meta = build_meta_model(spec)
+    cands = find_candidates(meta, spec, granularity)
+    fake = fake_model(meta, torch.device("cpu"))
+    x = fake.inputs(rows(example_input(spec), m))
+    gm = trace_all_cuts(fake.module, cands, x)
+    runner = SegmentRunner(gm, lambda: None)
+    with torch.no_grad():
+        runner.run(*x)
+    mods = dict(gm.named_children())
+    return [torch_flops(mods[t], runner.inputs[t]) // m for t in stage_targets(gm)]
+
+
 def profile_key(spec: ModelSpec, device: str, threads: int, granularity: str, micro_sizes: Sequence[int],
-                concurrency: int = 1, train: bool = False) -> str:
+                concurrency: int = 1, train: bool = False, streamed: bool = False) -> str:
     from importlib import metadata
 
     blob = json.dumps({"model": spec.key, "device": device, "threads": threads, "granularity": granularity,
                        "micro": list(micro_sizes), "concurrency": concurrency, "torch": torch.__version__,
-                       "timm": metadata.version("timm"), **({"train": True} if train else {})}, sort_keys=True)
+                       "timm": metadata.version("timm"), **({"train": True} if train else {}),
+                       **({"streamed": True} if streamed else {})}, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
@@ -84,8 +102,10 @@ def measure_link(device: str, sizes: Sequence[int], repeats: int = 5) -> Link:
 
 def profile_model(spec: ModelSpec, *, device: str = "cpu", threads: int = 1, granularity: str = "block",
                   micro_sizes: Sequence[int] | None = None, repeats: int = 3, warmup: int = 1,
-                  concurrency: int = 1, link: Link | None = None, pool: Any = None, train: bool = False) -> Profile:
-    """Measure a fresh profile (see the module docstring).
+                  concurrency: int = 1, link: Link | None = None, pool: Any = None, train: bool = False,
+                  streamed: bool = False) -> Profile:
+    """Measure a fresh profile (see the module docstring); ``streamed`` never makes the whole model real (one
+    segment at a time, FLOPs counted on fake tensors): a model bigger than one device.
 
     With ``concurrency`` S > 1 the segments are timed in S stage workers at once, each on its own
     threads, as the stages of an S-stage pipeline run: on a machine whose cores the stages share, a
@@ -102,7 +122,7 @@ def profile_model(spec: ModelSpec, *, device: str = "cpu", threads: int = 1, gra
         own = pool is not None and pool.stages == concurrency
         with nullcontext(pool) if own else open_pool(concurrency, device=device, threads_per_stage=threads,
                                                      quiet=True) as p:
-            ranks = p.profile(spec, granularity, micro, repeats, warmup)
+            ranks = p.profile(spec, granularity, micro, repeats, warmup, streamed=streamed)
             samples = p.measure_link(_link_sizes(ranks[0], micro)) if link is None else None
         if samples is not None:
             link = fit_link(samples, "nccl" if device == "cuda" else "gloo")
@@ -116,7 +136,8 @@ def profile_model(spec: ModelSpec, *, device: str = "cpu", threads: int = 1, gra
         torch.set_num_threads(threads)
         try:
             first = time_segments(spec, granularity=granularity, micro=micro, repeats=repeats, warmup=warmup,
-                                  device=torch.device("cuda" if device == "cuda" else "cpu"), train=train)
+                                  device=torch.device("cuda" if device == "cuda" else "cpu"), train=train,
+                                  streamed=streamed)
         finally:
             torch.set_num_threads(before)
         lat = {m: list(v) for m, v in first.latency_s.items()}
@@ -126,7 +147,7 @@ def profile_model(spec: ModelSpec, *, device: str = "cpu", threads: int = 1, gra
         elif link is None:
             link = measure_link(device, _link_sizes(first, micro))
     assert link is not None
-    flops = segment_flops(spec, granularity, micro[0])
+    flops = segment_flops(spec, granularity, micro[0], streamed)
     n = len(first.blocks)
     segments = tuple(
         Segment(fqn=first.blocks[k], flops=int(flops[k]), param_bytes=int(first.param_bytes[k]),
@@ -143,7 +164,8 @@ def profile_model(spec: ModelSpec, *, device: str = "cpu", threads: int = 1, gra
 
     return Profile(model=spec.to_dict(), device=device, threads=threads, granularity=granularity,
                    batch_size=spec.batch_size, segments=segments, link=link, concurrency=concurrency,
-                   versions=provenance(), key=profile_key(spec, device, threads, granularity, micro, concurrency, train))
+                   versions=provenance(), key=profile_key(spec, device, threads, granularity, micro, concurrency, train,
+                                                          streamed))
 
 
 def _link_sizes(measured: SegmentReply, micro: Sequence[int]) -> list[int]:
@@ -153,13 +175,14 @@ def _link_sizes(measured: SegmentReply, micro: Sequence[int]) -> list[int]:
 def load_or_profile(spec: ModelSpec, *, device: str = "cpu", threads: int = 1, granularity: str = "block",
                     micro_sizes: Sequence[int] | None = None, reprofile: bool = False, root: Path = PROFILE_DIR,
                     repeats: int = 3, concurrency: int = 1, quiet: bool = False,
-                    pool: Any = None, train: bool = False) -> tuple[Profile, bool]:
+                    pool: Any = None, train: bool = False, streamed: bool = False) -> tuple[Profile, bool]:
     """(profile, whether it came from the cache): reuse ``results/profiles/`` unless told to measure again;
-    ``train`` (one stage at a time only) also times each segment's backward and optimizer step."""
+    ``train`` (one stage at a time only) also times each segment's backward and optimizer step; ``streamed``
+    makes one segment real at a time."""
     from pipeline.core.atomic import write_json
 
     micro = sorted(set(micro_sizes or divisors(spec.batch_size)) | {spec.batch_size})
-    key = profile_key(spec, device, threads, granularity, micro, concurrency, train)
+    key = profile_key(spec, device, threads, granularity, micro, concurrency, train, streamed)
     path = cache_path(spec, key, root)
     if path.exists() and not reprofile:
         try:
@@ -170,7 +193,7 @@ def load_or_profile(spec: ModelSpec, *, device: str = "cpu", threads: int = 1, g
         print(f"profiling {spec.label} (batch {spec.batch_size}, {threads} thread(s), {device}, {concurrency} "
               f"stage(s) at once) at microbatch sizes {micro} ...", file=sys.stderr, flush=True)
     prof = profile_model(spec, device=device, threads=threads, granularity=granularity, micro_sizes=micro,
-                         repeats=repeats, concurrency=concurrency, pool=pool, train=train)
+                         repeats=repeats, concurrency=concurrency, pool=pool, train=train, streamed=streamed)
     write_json(path, prof.to_dict())
     return prof, False
 
@@ -241,10 +264,23 @@ def add_cache_args(p: argparse.ArgumentParser) -> None:
                    help=f"profile cache folder (default ${PROFILE_DIR_ENV}, else {PROFILE_DIR})")
 
 
-def add_device_memory_arg(p: argparse.ArgumentParser) -> None:
+def add_device_memory_arg(p: argparse.ArgumentParser, *, streams: bool = False) -> None:
     p.add_argument("--device-memory", default=None, metavar="SIZE",
-                   help="memory one device has (1.5GiB): the profile times the whole model in one process, so it "
-                   "must fit; checked from the model on meta before anything is built")
+                   help="memory one device has (1.5GiB), checked from the model on meta before anything is built: "
+                   + ("where the whole model does not fit, each segment is made real and timed one at a time"
+                      if streams else "the serial baseline runs the whole model in one process, so it must fit"))
+
+
+def whole_fits(spec: ModelSpec, device_memory: str | None, granularity: str, *, device: str = "cpu",
+               mode: str = "infer") -> bool:
+    """Whether the whole model fits ``--device-memory`` (True without one)."""
+    try:
+        check_whole_fits(spec, device_memory, granularity, device=device, mode=mode)
+    except PipesplitError as e:
+        if "over --device-memory" in str(e):
+            return False
+        raise
+    return True
 
 
 def check_whole_fits(spec: ModelSpec, device_memory: str | None, granularity: str, *, device: str = "cpu",
@@ -258,8 +294,7 @@ def check_whole_fits(spec: ModelSpec, device_memory: str | None, granularity: st
 
     meta = build_meta_model(spec)
     require_whole_fits(meta, find_candidates(meta, spec, granularity), spec, parse_size(device_memory),
-                       "the profile times the whole model in one process (a profile within the budget, a few "
-                       "segments at a time, is not built yet)", mode=mode, device=device)
+                       "the serial baseline runs the whole model in one process", mode=mode, device=device)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -284,13 +319,16 @@ def main(argv: Sequence[str] | None = None) -> int:
                    help="also time each segment's backward (whole, input grad, weight grad) and an AdamW step, "
                    "as a training search's profile does (with --stages 1)")
     add_cache_args(p)
-    add_device_memory_arg(p)
+    add_device_memory_arg(p, streams=True)
     p.add_argument("--out", default=None, help="also write the profile JSON here")
     args = p.parse_args(argv)
     try:
         spec = spec_from_args(args)
-        check_whole_fits(spec, args.device_memory, args.granularity, device=args.device,
-                         mode="train" if args.train else "infer")
+        streamed = not whole_fits(spec, args.device_memory, args.granularity, device=args.device,
+                                  mode="train" if args.train else "infer")
+        if streamed:
+            print("the whole model does not fit --device-memory: timing one segment at a time, each made real "
+                  "by name, never the whole model", file=sys.stderr, flush=True)
         micro = [int(t) for t in args.micro_sizes.split(",")] if args.micro_sizes else None
         if args.train and args.stages > 1:
             raise PipesplitError("--train times segments one stage at a time: drop --stages or --train")
@@ -298,7 +336,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise PipesplitError("--device cuda but no GPU is visible: use --device cpu")
         prof, cached = load_or_profile(spec, device=args.device, threads=args.threads, granularity=args.granularity,
                                        micro_sizes=micro, reprofile=args.reprofile, repeats=args.repeats,
-                                       concurrency=args.stages, root=Path(args.cache_dir), train=args.train)
+                                       concurrency=args.stages, root=Path(args.cache_dir), train=args.train,
+                                       streamed=streamed)
     except (PipesplitError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

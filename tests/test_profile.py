@@ -89,10 +89,27 @@ def test_a_training_profile_keeps_backward_and_optimizer_times_and_its_own_cache
     assert "training, at microbatch 8" in capsys.readouterr().out
 
 
-def test_a_whole_model_over_device_memory_is_refused_before_it_is_built(tmp_path, capsys):
+def test_a_whole_model_over_device_memory_is_profiled_one_segment_at_a_time(tmp_path, capsys):
     from tests.conftest import TINY_VIT_ARGS
 
-    assert main([*TINY_VIT_ARGS, "--device-memory", "10MiB", "--cache-dir", str(tmp_path)]) == 2
-    err = capsys.readouterr().err
-    assert err.startswith("error: the whole deit_tiny_patch16_224 needs about ") and "over --device-memory 10 MiB" in err
-    assert not list(tmp_path.iterdir())
+    out = tmp_path / "streamed.json"
+    assert main([*TINY_VIT_ARGS, "--device-memory", "10MiB", "--cache-dir", str(tmp_path), "--micro-sizes", "2,8",
+                 "--repeats", "1", "--out", str(out)]) == 0
+    assert "timing one segment at a time" in capsys.readouterr().err
+    streamed = Profile.from_dict(json.loads(out.read_text()))
+    whole, _ = load_or_profile(streamed_spec(), micro_sizes=[2, 8], repeats=1, root=tmp_path)
+    assert [s.fqn for s in streamed.segments] == [s.fqn for s in whole.segments]
+    assert [s.param_bytes for s in streamed.segments] == [s.param_bytes for s in whole.segments]
+    assert [s.out_bytes for s in streamed.segments] == [s.out_bytes for s in whole.segments]
+    assert all(s.latency_s[m] > 0 for s in streamed.segments for m in (2, 8))
+    # torch's FlopCounterMode on fake tensors vs fvcore, which also counts normalisation layers
+    big = max(b.flops for b in whole.segments)
+    for a, b in zip(streamed.segments, whole.segments):
+        assert abs(a.flops - b.flops) <= 0.1 * big, (a.fqn, a.flops, b.flops)
+
+
+def streamed_spec():
+    from pipeline.models.build import resolve_spec
+    from tests.conftest import TINY_VIT
+
+    return resolve_spec("deit_tiny_patch16_224", kwargs=TINY_VIT, batch_size=8)

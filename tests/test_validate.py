@@ -91,5 +91,5 @@ def test_training_memory_per_rank_is_predicted_within_a_fifth_of_its_peak(tmp_pa
 def test_a_whole_model_over_device_memory_is_one_line_before_anything_is_built(tmp_path, capsys):
     assert main([*TINY_VIT_ARGS, "--device-memory", "10MiB", "--cache-dir", str(tmp_path)]) == 2
     err = capsys.readouterr().err
-    assert "over --device-memory 10 MiB: the profile times the whole model in one process" in err
+    assert "over --device-memory 10 MiB: the serial baseline runs the whole model in one process" in err
     assert err.count("\n") == 1 and not list(tmp_path.iterdir())

@@ -140,8 +140,9 @@ class RankPool:
         return link_samples(self._command(MeasureLink(sizes=tuple(sizes), repeats=repeats), "measure the link"))
 
     def profile(self, spec: ModelSpec, granularity: str, micro: list[int], repeats: int, warmup: int,
-                timeout_s: float = 3600.0) -> list[SegmentReply]:
-        cmd = ProfileSegments(spec=spec, granularity=granularity, micro=tuple(micro), repeats=repeats, warmup=warmup)
+                timeout_s: float = 3600.0, streamed: bool = False) -> list[SegmentReply]:
+        cmd = ProfileSegments(spec=spec, granularity=granularity, micro=tuple(micro), repeats=repeats, warmup=warmup,
+                              streamed=streamed)
         return [r for r in self._command(cmd, "profile in the stage workers") if isinstance(r, SegmentReply)]
 
     def restart(self) -> None:

@@ -171,9 +171,11 @@ class StagePool:
                                           "measure the link"))
 
     def profile(self, spec: ModelSpec, granularity: str, micro: list[int], repeats: int, warmup: int,
-                timeout_s: float = 3600.0) -> list[SegmentReply]:
-        """Every rank times every segment at once (``pipeline.stage.probes.time_segments``); one reply per rank."""
-        cmd = ProfileSegments(spec=spec, granularity=granularity, micro=tuple(micro), repeats=repeats, warmup=warmup)
+                timeout_s: float = 3600.0, streamed: bool = False) -> list[SegmentReply]:
+        """Every rank times every segment at once (``pipeline.stage.probes.time_segments``; ``streamed``: one
+        segment real at a time); one reply per rank."""
+        cmd = ProfileSegments(spec=spec, granularity=granularity, micro=tuple(micro), repeats=repeats, warmup=warmup,
+                              streamed=streamed)
         return [r for r in self._command(cmd, timeout_s, "profile in the stage workers") if isinstance(r, SegmentReply)]
 
     def restart(self) -> None:

@@ -44,6 +44,8 @@ class ProfileSegments:
     micro: tuple[int, ...]
     repeats: int
     warmup: int
+    streamed: bool = False
+    """One segment made real at a time (a model bigger than the device): ``pipeline.stage.segments``."""
     what = "could not profile"
 
     def run(self, state: RankState) -> SegmentReply:
@@ -51,7 +53,7 @@ class ProfileSegments:
             torch.set_num_threads(state.cfg.threads)
         out = time_segments(self.spec, granularity=self.granularity, micro=self.micro, repeats=self.repeats,
                             warmup=self.warmup, device=state.device, rank=state.rank, count=state.rank == 0,
-                            together=dist.barrier)
+                            together=dist.barrier, streamed=self.streamed)
         dist.barrier()
         return out
 

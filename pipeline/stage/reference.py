@@ -23,7 +23,7 @@ from pipeline.models.meta import MetaModel
 from pipeline.models.weights import empty_copy, materialise_module
 from pipeline.stage.training import Reference, loss_fn
 
-__all__ = ["streamed_output", "streamed_step"]
+__all__ = ["release", "streamed_output", "streamed_step"]
 
 
 def _stage(split_gm: fx.GraphModule, target: str, meta: MetaModel, device: torch.device, name_of: Callable[[str], str],
@@ -66,7 +66,7 @@ def _forward(split_gm: fx.GraphModule, meta: MetaModel, x: Batch, chunks: int, d
                 for env in envs:
                     env[node] = mod(*fx.node.map_arg(node.args, env.__getitem__),
                                     **fx.node.map_arg(node.kwargs, env.__getitem__))
-            _free(mod)
+            release(mod)
         for c, env in enumerate(envs):
             if node.op == "placeholder":
                 env[node] = mbs[c][placeholders.index(node)]
@@ -160,14 +160,14 @@ def _backward(split_gm: fx.GraphModule, node: fx.Node, meta: MetaModel, device: 
         name = name_of(n)
         if name in want and p.grad is not None:
             kept[name] = kept[name] + p.grad if name in kept else p.grad.detach()
-    _free(mod)
+    release(mod)
 
 
 GC_BYTES = 64 * 2**20
 """A freed stage at least this big is collected at once (smaller ones wait for the collector's own pace)."""
 
 
-def _free(mod: nn.Module) -> None:
+def release(mod: nn.Module) -> None:
     """Let a stage's weights go now: its traced modules refer to each other in cycles, which only the
     collector frees (without it the last rank kept every streamed stage: 3.2 GiB of a 2 GiB Llama)."""
     held = 0
