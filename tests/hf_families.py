@@ -71,9 +71,10 @@ def sweep(model_types: list[str]) -> dict[str, tuple[str, str]]:
 
     from pipeline.core.errors import PipesplitError
     from pipeline.models.batch import example_input, rows
-    from pipeline.models.build import build_model, resolve_spec
+    from pipeline.models.build import build_meta_model, resolve_spec
     from pipeline.models.candidates import find_candidates
     from pipeline.models.traces import call_events
+    from pipeline.models.weights import with_forward
 
     out: dict[str, tuple[str, str]] = {}
     for mt in model_types:
@@ -92,10 +93,11 @@ def sweep(model_types: list[str]) -> dict[str, tuple[str, str]]:
             out[mt] = ("refused", str(e).split(" --model-kwargs ")[0] + " ..." if "--model-kwargs" in str(e)
                        else str(e)[:160])
             continue
-        model = build_model(spec)
-        blocks = find_candidates(model, spec).blocks
+        meta = build_meta_model(spec)  # as every command does: on meta, its forward on fake tensors
+        raw, ran = with_forward(meta, rows(example_input(spec), 1), lambda m, xs: (call_events(m, xs), m))
+        blocks = find_candidates(ran, spec, calls=raw).blocks
         stacked = [b for b in blocks if re.search(r"\.\d+$", b)]
-        calls = Counter(name for kind, name in call_events(model, rows(example_input(spec), 1)) if kind == "B")
+        calls = Counter(name for kind, name in raw if kind == "B")
         if not stacked and any(c > 1 and re.search(r"layers\.\d+$", name) for name, c in calls.items()):
             out[mt] = ("looped", f"its layers run more than once per forward: cut only at {', '.join(blocks)}")
         else:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import difflib
 import warnings
+from collections import OrderedDict
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -144,8 +145,7 @@ def _check_hf(spec: ModelSpec, vocab: int) -> None:
     from pipeline.models.hf import check_runs
 
     try:
-        check_runs(fake_model(build_meta(lambda: _create(spec), spec.seed, torch.float32), torch.device("cpu")).module,
-                   spec.name, vocab, dict(spec.kwargs))
+        check_runs(fake_model(build_meta_model(spec), torch.device("cpu")).module, spec.name, vocab, dict(spec.kwargs))
         return
     except Exception:  # noqa: BLE001 - a config error or a fake-tensor limit: the real build below tells which
         pass
@@ -192,10 +192,26 @@ def torch_dtype(spec: ModelSpec) -> torch.dtype:
     return dtype
 
 
+_RECENT: OrderedDict[str, MetaModel] = OrderedDict()
+"""The last few models built on meta, by spec key: a command resolves, cuts and predicts the same model."""
+
+
 def build_meta_model(spec: ModelSpec) -> MetaModel:
     """The model on the meta device, its build recorded so that any of its tensors can be made by name
     (``pipeline.models.meta``); a checkpoint is read key by key. A model whose code cannot run on meta is
-    built for real once, with one line saying why (its process then holds it whole)."""
+    built for real once, with one line saying why (its process then holds it whole, and keeps no copy)."""
+    if spec.key in _RECENT:
+        _RECENT.move_to_end(spec.key)
+        return _RECENT[spec.key]
+    meta = _build_meta_model(spec)
+    if not meta.built_whole:
+        _RECENT[spec.key] = meta
+        while len(_RECENT) > 2:
+            _RECENT.popitem(last=False)
+    return meta
+
+
+def _build_meta_model(spec: ModelSpec) -> MetaModel:
     checkpoint = checkpoint_reader(spec.checkpoint, spec.label)
     try:
         meta = build_meta(lambda: _create(spec), spec.seed, torch_dtype(spec))

@@ -18,7 +18,7 @@ from pipeline.core.spec import ModelSpec
 from pipeline.models.batch import example_input, rows
 from pipeline.models.meta import MetaModel
 from pipeline.models.traces import call_events
-from pipeline.models.weights import forward_module
+from pipeline.models.weights import with_forward
 
 GRANULARITIES = ("block", "layer")
 _CONTAINERS = (nn.Sequential, nn.ModuleList)
@@ -173,15 +173,17 @@ def _own_elements(mod: nn.Module) -> int:
     return sum(p.numel() for p in mod.parameters(recurse=False)) + sum(b.numel() for b in mod.buffers(recurse=False))
 
 
-def find_candidates(model: nn.Module | MetaModel, spec: ModelSpec, granularity: str = "block") -> Candidates:
+def find_candidates(model: nn.Module | MetaModel, spec: ModelSpec, granularity: str = "block",
+                    calls: list[tuple[str, str]] | None = None) -> Candidates:
     """Run ``model`` once on one sample and list where it can be cut at ``granularity`` (a model on meta runs
-    there, or whole and real where its forward cannot: ``pipeline.models.weights.forward_module``)."""
+    there, or whole and real where its forward cannot: ``pipeline.models.weights.with_forward``)."""
     if granularity not in GRANULARITIES:
         raise PipesplitError(f"granularity {granularity!r} is unknown: use one of {', '.join(GRANULARITIES)}")
     x = rows(example_input(spec), 1)
-    if isinstance(model, MetaModel):
-        model, x = forward_module(model, x)
-    raw = call_events(model, x)
+    if isinstance(model, MetaModel):  # names from the module that ran (transformers sets some up on first use)
+        raw, model = with_forward(model, x, lambda m, xs: (call_events(m, xs), m))
+    else:  # ``calls``: the caller's own ``call_events`` of this module, on one sample
+        raw = call_events(model, x) if calls is None else calls
     counts = Counter(n for k, n in raw if k == "B")
     once = [(k, n) for k, n in raw if counts[n] == 1 and n != ""]
     events = tuple(f"{k}:{n}" for k, n in once)

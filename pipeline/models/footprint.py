@@ -19,7 +19,7 @@ from pipeline.core.spec import ModelSpec
 from pipeline.models.batch import example_input, rows
 from pipeline.models.candidates import Candidates
 from pipeline.models.meta import MetaModel
-from pipeline.models.weights import forward_module
+from pipeline.models.weights import with_forward
 
 __all__ = ["StageBytes", "default_budget", "leaf_outputs", "predict_plan", "require_whole_fits", "resident_bytes",
            "stage_bytes"]
@@ -44,22 +44,26 @@ def leaf_outputs(meta: MetaModel, spec: ModelSpec, cands: Candidates) -> dict[in
     """Each leaf module call's output bytes for one sample, by the position of its start in ``cands.events``."""
     index = {e: i for i, e in enumerate(cands.events)}
     out: dict[int, int] = {}
-    handles = []
-    model, x = forward_module(meta, rows(example_input(spec), 1))
-    for name, mod in model.named_modules(remove_duplicate=False):
-        if f"B:{name}" not in index or next(mod.children(), None) is not None:
-            continue
 
-        def hook(m: torch.nn.Module, a: object, o: object, pos: int = index[f"B:{name}"]) -> None:
-            out[pos] = sum(t.numel() * t.element_size() for t in tree_flatten(o)[0] if isinstance(t, torch.Tensor))
+    def run(model: torch.nn.Module, x: tuple[torch.Tensor, ...]) -> None:
+        out.clear()
+        handles = []
+        for name, mod in model.named_modules(remove_duplicate=False):
+            if f"B:{name}" not in index or next(mod.children(), None) is not None:
+                continue
 
-        handles.append(mod.register_forward_hook(hook))
-    try:
-        with torch.no_grad():
-            model(*x)
-    finally:
-        for h in handles:
-            h.remove()
+            def hook(m: torch.nn.Module, a: object, o: object, pos: int = index[f"B:{name}"]) -> None:
+                out[pos] = sum(t.numel() * t.element_size() for t in tree_flatten(o)[0] if isinstance(t, torch.Tensor))
+
+            handles.append(mod.register_forward_hook(hook))
+        try:
+            with torch.no_grad():
+                model(*x)
+        finally:
+            for h in handles:
+                h.remove()
+
+    with_forward(meta, rows(example_input(spec), 1), run)
     return out
 
 

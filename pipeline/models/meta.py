@@ -142,7 +142,7 @@ class MetaModel:
         self.given = given
         """Where a tensor comes from before the recorded build: a checkpoint's ``get`` (None: replay only)."""
         self.runs_on_meta: bool | None = None
-        """Whether the model's forward runs on meta (None: not tried yet; ``weights.forward_module``)."""
+        """Whether the model's forward runs on meta (None: not tried yet; ``weights.with_forward``)."""
         self.why_not_meta = ""
         self.built_whole = False
         """Whether this process built the whole model for real (its constructor cannot run on meta)."""

@@ -7,7 +7,7 @@ import copy
 import warnings
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 from torch import nn
@@ -15,7 +15,9 @@ from torch import nn
 from pipeline.core.errors import PipesplitError, one_line
 from pipeline.models.meta import MetaModel, fake_model, storage_key
 
-__all__ = ["Checkpoint", "checkpoint_reader", "empty_copy", "forward_module", "materialise_module", "module_tensors",
+T = TypeVar("T")
+
+__all__ = ["Checkpoint", "checkpoint_reader", "empty_copy", "with_forward", "materialise_module", "module_tensors",
            "whole_model"]
 
 
@@ -188,19 +190,21 @@ def checkpoint_reader(path: str | None, label: str) -> Checkpoint | None:
 
 
 
-def forward_module(meta: MetaModel, example: tuple[torch.Tensor, ...]) -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
-    """A module and inputs whose forward shows the model's calls and shapes: the model with fake tensors on
-    the CPU where its code runs so, else the whole model made real on the CPU, with one line why (a model
-    that reads a value in forward)."""
+def with_forward(meta: MetaModel, example: tuple[torch.Tensor, ...], use: Callable[[nn.Module, tuple[Any, ...]], T]) -> T:
+    """``use(module, inputs)`` on a module and inputs whose forward shows the model's calls and shapes: the
+    model with fake tensors on the CPU where its code runs so, else the whole model made real on the CPU, with
+    one line why (a model that reads a value in forward). One forward where fake tensors work."""
     if meta.runs_on_meta is not False:
         fake = fake_model(meta, torch.device("cpu"))
         try:
-            fake.run(example)
+            out = use(fake.module, fake.inputs(example))
             meta.runs_on_meta = True
-            return fake.module, fake.inputs(example)
+            return out
         except Exception as e:  # noqa: BLE001 - any failure with fake tensors: the real model runs instead
+            if meta.runs_on_meta:
+                raise  # it ran on fake tensors before: this failure is the caller's own
             meta.runs_on_meta = False
             meta.why_not_meta = f"{type(e).__name__}: {one_line(e)}"
             warnings.warn(f"the model's forward cannot run without storage ({meta.why_not_meta[:160]}): its module "
                           "calls and its split come from a whole real copy (made, used, freed)", stacklevel=2)
-    return whole_model(meta, torch.device("cpu")).eval(), example
+    return use(whole_model(meta, torch.device("cpu")).eval(), example)
