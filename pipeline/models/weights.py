@@ -204,7 +204,7 @@ def with_forward(meta: MetaModel, example: tuple[torch.Tensor, ...], use: Callab
             if meta.runs_on_meta:
                 raise  # it ran on fake tensors before: this failure is the caller's own
             meta.runs_on_meta = False
-            meta.why_not_meta = f"{type(e).__name__}: {one_line(e)}"
+            meta.why_not_meta = one_line(e)
             warnings.warn(f"the model's forward cannot run without storage ({meta.why_not_meta[:160]}): its module "
                           "calls and its split come from a whole real copy (made, used, freed)", stacklevel=2)
     return use(whole_model(meta, torch.device("cpu")).eval(), example)
