@@ -277,6 +277,7 @@ def test_without_a_serial_baseline_a_run_reports_throughput_and_its_stages(pool2
     assert r.throughput == pytest.approx(8 / sorted(r.pipeline_s)[0], rel=1) and r.tokens_per_s is None
     text = format_result(r)
     assert "no speedup: the serial model was not timed" in text and "samples/s" in text
+    assert r.check is not None and r.check.whole_diff is None and r.check.streamed_diff is not None
     from pipeline.models.build import build_meta_model
     from pipeline.models.candidates import find_candidates
     from pipeline.models.footprint import stage_bytes

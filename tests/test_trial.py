@@ -13,6 +13,9 @@ def test_only_rank_0_times_the_serial_model_and_repeats_are_counted(pool2, tiny_
     plan = SplitPlan(model=tiny_spec, split_points=(SplitPoint("blocks.1"),), chunks=4)
     r = pool2.run(plan, repeats=3, warmup=0, serial=True, serial_all=False)
     assert r.ok, r.reason
+    # checked against the streamed reference and, rank 0 holding the whole model to time it, against that too
+    assert r.check is not None and r.check.streamed_diff is not None and r.check.whole_diff is not None
+    assert max(r.check.streamed_diff, r.check.whole_diff) == r.check.diff <= r.check.tolerance
     assert len(r.serial_s) == len(r.pipeline_s) == 3 and r.serial_all_s == ()
     assert all(not math.isnan(s) for s in r.serial_s) and r.busy_s <= r.wall_s
     r = pool2.run(plan, repeats=1, warmup=0, serial=False, serial_all=False)

@@ -37,11 +37,19 @@ class OutputCheck:
     loss_diff: float | None = None
     """|pipeline loss - unsplit loss| (training)."""
     loss_tolerance: float | None = None
+    streamed_diff: float | None = None
+    """Output: max |pipeline - the streamed reference| (the plan's stages run one at a time on one rank)."""
+    whole_diff: float | None = None
+    """Output: max |pipeline - the whole model's own output|, where rank 0 held the whole model (it timed the
+    serial model); None where no rank did (a model bigger than the budget)."""
 
     def describe(self) -> str:
         """One line: what was compared, and the worst of it against its tolerance."""
         if self.compared == "output":
-            return f"output check: max |diff| {self.diff:.2e} <= {self.tolerance:.1e}"
+            against = (f" (streamed reference {self.streamed_diff:.2e}, whole model {self.whole_diff:.2e})"
+                       if self.whole_diff is not None and self.streamed_diff is not None else
+                       " (streamed reference)" if self.streamed_diff is not None else "")
+            return f"output check: max |diff| {self.diff:.2e} <= {self.tolerance:.1e}{against}"
         loss = (f"loss |diff| {self.loss_diff:.2e} <= {self.loss_tolerance:.1e}, "
                 if self.loss_diff is not None and self.loss_tolerance is not None else "")
         return (f"training step check vs the serial step: {loss}{self.gradients} gradients; the worst "

@@ -102,6 +102,12 @@ class RankState:
             self.refs[spec.key] = make()
         return self.refs[spec.key]
 
+    def cached(self, key: str, make: Callable[[], torch.Tensor]) -> torch.Tensor:
+        """A tensor made once per key and model (``refs`` is cleared with the model)."""
+        if key not in self.refs:
+            self.refs[key] = make()
+        return self.refs[key]
+
     def reference(self, spec: ModelSpec, names: frozenset[str], make: Callable[[], Reference]) -> Reference:
         """The serial training step's loss and the gradients of ``names``, made once per model and set of names."""
         key = (spec.key, names)

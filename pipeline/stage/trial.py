@@ -51,20 +51,50 @@ def _unsplit_output(state: RankState, plan: SplitPlan, stage: BuiltStage, meta: 
     return first
 
 
-def _check_output(state: RankState, plan: SplitPlan, y: Any, stage: BuiltStage, meta: MetaModel, x: Batch
-                  ) -> OutputCheck:
-    """max |pipeline - unsplit| and its tolerance, computed on the last rank and shared with every rank."""
+def _whole_output(state: RankState, plan: SplitPlan, y: Any, whole: Any, x: Batch) -> torch.Tensor | None:
+    """The whole model's own output on the last rank, where rank 0 holds the whole model (it times the serial
+    model): made once per model on rank 0 and sent; this checks the export itself, which the streamed
+    reference (the same traced stages) cannot. None elsewhere."""
+    if state.rank == 0:
+        with torch.no_grad():
+            out = state.cached(f"whole:{plan.model.key}", lambda: _first_out(whole(*x)).contiguous())
+        if plan.last_rank == 0:
+            return out
+        dist.send(out, dst=plan.last_rank)
+        return None
+    if state.rank == plan.last_rank:
+        got = _first_out(y)
+        buf = torch.empty(got.shape, dtype=got.dtype, device=got.device)
+        dist.recv(buf, src=0)
+        return buf
+    return None
+
+
+def _first_out(out: Any) -> torch.Tensor:
+    first: torch.Tensor = out[0] if isinstance(out, (tuple, list)) else out
+    return first
+
+
+def _check_output(state: RankState, plan: SplitPlan, y: Any, stage: BuiltStage, meta: MetaModel, x: Batch,
+                  whole: Any = None, whole_on_rank0: bool = False) -> OutputCheck:
+    """max |pipeline - unsplit| and its tolerance, computed on the last rank and shared with every rank: against
+    the streamed reference, and against the whole model too where rank 0 holds it (``whole_on_rank0``, the
+    same on every rank)."""
     verdict: list[Any] = [None]
+    eager = _whole_output(state, plan, y, whole, x) if whole_on_rank0 else None
     if state.rank == plan.last_rank:
         with torch.no_grad():
             ref = state.output_ref(plan.model, lambda: _unsplit_output(state, plan, stage, meta, x))
-        got = y[0] if isinstance(y, (tuple, list)) else y
+        got = _first_out(y)
         diff = float((got.float() - ref.float()).abs().max())
         rtol = 1e-4 if plan.model.dtype == "float32" else 2e-2
-        verdict = [(diff, rtol * max(1.0, float(ref.float().abs().max())))]
+        whole_diff = float((got.float() - eager.float()).abs().max()) if eager is not None else None
+        verdict = [(diff, rtol * max(1.0, float(ref.float().abs().max())), whole_diff)]
     dist.broadcast_object_list(verdict, src=plan.last_rank)
-    diff, tol = verdict[0]
-    return OutputCheck(diff=float(diff), tolerance=float(tol))
+    diff, tol, whole_diff = verdict[0]
+    worst = max(diff, whole_diff) if whole_diff is not None else diff
+    return OutputCheck(diff=float(worst), tolerance=float(tol), streamed_diff=float(diff),
+                       whole_diff=None if whole_diff is None else float(whole_diff))
 
 
 def _mismatch(rank: int, diff: float, tol: float, what: str) -> ErrorReply:
@@ -184,6 +214,7 @@ def run_trial(state: RankState, plan: SplitPlan, opts: TrialOptions) -> TrialRep
     trainer = SerialTrainer(whole_model(meta, state.device), plan.optimizer, target) \
         if train and timed_serial and target is not None else None
     serial_model = state.serial_model(plan.model) if timed_serial and not train else None
+    whole_on_rank0 = (opts.serial or opts.serial_all) and not train  # every rank knows rank 0 holds the whole model
 
     def serial_run() -> Any:
         return trainer.step(x) if trainer is not None else serial_model(*x) if serial_model is not None else None
@@ -200,7 +231,7 @@ def run_trial(state: RankState, plan: SplitPlan, opts: TrialOptions) -> TrialRep
                     if stage.update is not None:
                         stage.update()
                 else:
-                    check = _check_output(state, plan, y, stage, meta, x)
+                    check = _check_output(state, plan, y, stage, meta, x, serial_model, whole_on_rank0)
                     diff, tol = check.diff, check.tolerance
                     what = "pipeline output differs from the unsplit model"
                 checked = True
@@ -236,7 +267,7 @@ def run_trial(state: RankState, plan: SplitPlan, opts: TrialOptions) -> TrialRep
                 if not checked:  # the first timed repeat's output is the one checked
                     t_c = time.perf_counter()
                     out_bytes = 0 if last else clock.out_bytes
-                    check = _check_output(state, plan, y, stage, meta, x)
+                    check = _check_output(state, plan, y, stage, meta, x, serial_model, whole_on_rank0)
                     diff, tol = check.diff, check.tolerance
                     checked = True
                     check_in_loop += time.perf_counter() - t_c
