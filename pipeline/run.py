@@ -7,6 +7,7 @@ import dataclasses
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from pipeline.cli import MODEL_FLAGS, Parser, add_model_args, add_runtime_args, spec_from_args
 from pipeline.core.budget import MemoryPrediction, format_size, parse_size
@@ -79,8 +80,12 @@ def check_memory(plan: SplitPlan, budget: int | None, granularity: str = "block"
     from pipeline.models.footprint import predict_plan
 
     meta = build_meta_model(plan.model)
-    prediction = predict_plan(plan, meta, find_candidates(meta, plan.model, granularity), budget)
-    prediction.check(plan)
+    cands = find_candidates(meta, plan.model, granularity)
+    prediction = predict_plan(plan, meta, cands, budget)
+    try:
+        prediction.check(plan)
+    except PipesplitError as e:
+        raise PipesplitError(f"{e}{fitting_ranks(plan, meta, cands, prediction)}") from None
     if meta.built_whole and not prediction.serial_fits:
         raise PipesplitError(f"{plan.model.label} cannot be built on the meta device, and built whole it needs about "
                              f"{format_size(prediction.whole)}, over --device-memory {format_size(prediction.budget)}: "
@@ -91,6 +96,26 @@ def check_memory(plan: SplitPlan, budget: int | None, granularity: str = "block"
                              f"{format_size(prediction.whole)}, over --device-memory {format_size(prediction.budget)}: "
                              "use --backend torch, whose ranks make only their own stages")
     return prediction
+
+
+def fitting_ranks(plan: SplitPlan, meta: Any, cands: Any, over: MemoryPrediction) -> str:
+    """The fewest ranks at which the ``uniform`` policy's cuts of the same plan fit the budget, as a clause for
+    the refusal line ("" where more ranks than the model has cut points would be needed)."""
+    from pipeline.models.footprint import leaf_outputs, predict_plan
+
+    leaves = leaf_outputs(meta, plan.model, cands)
+    per = plan.stages_per_rank
+    for ranks in range(plan.ranks + 1, cands.max_stages // per + 1):
+        try:
+            bigger = dataclasses.replace(plan, split_points=cands.policy_points("uniform", ranks * per))
+        except PipesplitError:
+            continue  # chunks that this many stages cannot take
+        p = predict_plan(bigger, meta, cands, over.budget, runtime=over.ranks[0].runtime, leaves=leaves)
+        if p.worst.total <= p.budget:
+            return (f" (--stages {ranks} --policy uniform would fit: its largest rank needs about "
+                    f"{format_size(p.worst.total)})")
+    return f" (no stage count up to {cands.max_stages // per} fits: the runtime alone is {format_size(over.ranks[0].runtime)})" \
+        if over.ranks[0].runtime >= over.budget else ""
 
 
 def describe_memory(prediction: MemoryPrediction) -> str:

@@ -324,3 +324,27 @@ def test_a_model_built_whole_off_meta_over_the_budget_says_how_to_make_it_meta_f
     err = capsys.readouterr().err
     assert "cannot be built on the meta device, and built whole it needs about 2.00 GiB" in err
     assert "make its constructor meta-friendly" in err and err.count("\n") == 1
+
+
+def test_a_refused_plan_names_the_fewest_ranks_that_would_fit(capsys, monkeypatch, tiny_spec):
+    import pipeline.models.footprint as footprint
+    import pipeline.run as run
+    from pipeline.core.plan import SplitPlan
+    from pipeline.models.build import build_meta_model
+    from pipeline.models.candidates import find_candidates
+
+    monkeypatch.setattr(footprint, "resident_bytes", lambda: 0)  # the weights and activations alone decide
+    monkeypatch.setattr(run, "run_plan", lambda *a, **k: pytest.fail("a plan over the budget ran"))
+    meta = build_meta_model(tiny_spec)
+    cands = find_candidates(meta, tiny_spec)
+
+    def worst(ranks):
+        plan = SplitPlan(model=tiny_spec, split_points=cands.policy_points("uniform", ranks), chunks=1)
+        return footprint.predict_plan(plan, meta, cands, 2**40).worst.total
+
+    budget = (worst(2) + min(worst(3), worst(4))) // 2
+    assert main([*TINY_VIT_ARGS, "--stages", "2", "--policy", "uniform", "--device-memory", str(budget)]) == 2
+    err = capsys.readouterr().err
+    assert "--policy uniform would fit" in err and err.count("\n") == 1
+    fits = int(err.split("(--stages ")[1].split()[0])
+    assert fits in (3, 4) and worst(fits) <= budget
