@@ -33,7 +33,7 @@ from pipeline.core.spec import ModelSpec
 from pipeline.models.batch import example_input, rows
 from pipeline.models.build import build_meta_model, build_model
 from pipeline.models.candidates import find_candidates
-from pipeline.models.meta import fake_model
+from pipeline.models.fake import fake_model
 from pipeline.ranks.launch import open_pool
 from pipeline.stage.messages import SegmentReply
 from pipeline.stage.probes import SegmentRunner, stage_targets, time_segments, trace_all_cuts

@@ -9,7 +9,7 @@ from torch._subclasses.fake_tensor import is_fake
 
 from pipeline.models.batch import example_input, first_chunk
 from pipeline.models.build import build_meta_model, build_model, resolve_spec
-from pipeline.models.meta import fake_copies_allowed, fake_model, module_copy
+from pipeline.models.fake import fake_copies_allowed, fake_model, module_copy
 from pipeline.stage.build import name_in
 from pipeline.stage.reference import streamed_output, streamed_step
 from pipeline.stage.training import aliases, make_target, reference

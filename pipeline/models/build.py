@@ -17,7 +17,8 @@ from torch import nn
 
 from pipeline.core.errors import PipesplitError
 from pipeline.core.spec import ModelSpec, TensorSpec
-from pipeline.models.meta import MetaModel, build_meta, fake_model, from_eager
+from pipeline.models.fake import fake_model
+from pipeline.models.meta import MetaModel, build_meta, from_eager
 from pipeline.models.weights import checkpoint_reader, whole_model
 
 

@@ -12,11 +12,9 @@ same weights for the same name on any device, and a stage's weights cost only th
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import hashlib
-import warnings
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,8 +24,7 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_map
 
-__all__ = ["FakeModel", "MetaModel", "build_meta", "fake_model", "fake_copies_allowed", "from_eager", "module_copy",
-           "storage_key"]
+__all__ = ["MetaModel", "build_meta", "from_eager", "storage_key"]
 
 
 def storage_key(t: torch.Tensor) -> int:
@@ -146,8 +143,8 @@ class MetaModel:
         self.why_not_meta = ""
         self.built_whole = False
         """Whether this process built the whole model for real (its constructor cannot run on meta)."""
-        self.fakes: dict[str, FakeModel] = {}
-        """Per device, the model with fake tensors there (``fake_model``)."""
+        self.fakes: dict[str, Any] = {}
+        """Per device, the model with fake tensors there (``pipeline.models.fake.fake_model``)."""
         self.tensors: dict[str, torch.Tensor] = {}
         """Every parameter and buffer by each of its names (a tied weight under both)."""
         for name, t in [*module.named_parameters(remove_duplicate=False), *module.named_buffers(remove_duplicate=False)]:
@@ -304,60 +301,3 @@ def from_eager(module: nn.Module, seed: int) -> MetaModel:
     out = MetaModel(meta, [], seed, given=real.get)
     out.built_whole = True
     return out
-
-
-@dataclass
-class FakeModel:
-    """The model with fake tensors on a real device type: no storage, but the model's code sees the device it
-    will run on (transformers picks its CPU or CUDA paths by the weights' device: a mixture-of-experts layer
-    on ``meta`` takes a CUDA-only grouped matmul), and torch.export traces it as PiPPy's meta-init example does."""
-
-    module: nn.Module
-    mode: Any
-    """Its ``FakeTensorMode``; inputs are made fake in it (``inputs``)."""
-
-    def inputs(self, batch: Iterable[torch.Tensor]) -> tuple[torch.Tensor, ...]:
-        """``batch`` as fake tensors of this mode, on the model's device."""
-        from torch._subclasses.fake_tensor import FakeTensor
-
-        device = next(iter(t.device for t in [*self.module.parameters(), *self.module.buffers()]),
-                      torch.device("cpu"))
-        return tuple(FakeTensor(self.mode, t.to("meta"), device) for t in batch)
-
-    def run(self, batch: Iterable[torch.Tensor]) -> Any:
-        """One forward for shapes and module calls (under no_grad)."""
-        with torch.no_grad():
-            return self.module(*self.inputs(batch))
-
-
-@contextlib.contextmanager
-def fake_copies_allowed() -> Iterator[None]:
-    """torch's ``Pipe`` deep-copies a replicated (tied) parameter, which warns for a fake tensor ("Accessing the
-    data pointer of FakeTensor is deprecated"); the copy is a fake tensor as it should be."""
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="Accessing the data pointer of FakeTensor")
-        yield
-
-
-def module_copy(module: nn.Module) -> nn.Module:
-    """A copy of ``module``'s modules that shares its tensors (annotating split points rewrites modules, never
-    tensors; and deep-copying fake tensors is deprecated in torch)."""
-    memo: dict[int, Any] = {id(t): t for t in [*module.parameters(), *module.buffers()]}
-    return copy.deepcopy(module, memo)
-
-
-def fake_model(meta: MetaModel, device: torch.device) -> FakeModel:
-    """A copy of ``meta.module`` whose parameters and buffers are fake tensors on ``device`` (one per device:
-    a cached export and the inputs traced with it share its fake mode)."""
-    from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
-
-    if str(device) in meta.fakes:
-        return meta.fakes[str(device)]
-    mode = FakeTensorMode(allow_non_fake_inputs=True)
-    memo: dict[int, Any] = {}
-    for p in meta.module.parameters():
-        memo[id(p)] = nn.Parameter(FakeTensor(mode, p.detach().to("meta"), device), requires_grad=p.requires_grad)
-    for b in meta.module.buffers():
-        memo[id(b)] = FakeTensor(mode, b.to("meta"), device)
-    meta.fakes[str(device)] = FakeModel(module=copy.deepcopy(meta.module, memo), mode=mode)
-    return meta.fakes[str(device)]

@@ -28,7 +28,7 @@ import torch
 from torch import fx, nn
 
 from pipeline.models.batch import Batch
-from pipeline.models.meta import module_copy
+from pipeline.models.fake import module_copy
 
 __all__ = ["LIMIT", "TraceCache", "call_events", "marker_fqn"]
 

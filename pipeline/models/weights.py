@@ -13,7 +13,8 @@ import torch
 from torch import nn
 
 from pipeline.core.errors import PipesplitError, one_line
-from pipeline.models.meta import MetaModel, fake_model, storage_key
+from pipeline.models.fake import fake_model
+from pipeline.models.meta import MetaModel, storage_key
 
 T = TypeVar("T")
 

@@ -16,7 +16,8 @@ from torch import nn
 from pipeline.core.errors import one_line
 from pipeline.core.plan import BACKENDS, MULTI_SCHEDULES, SplitPlan
 from pipeline.models.batch import Batch, first_chunk
-from pipeline.models.meta import MetaModel, fake_copies_allowed, fake_model, module_copy
+from pipeline.models.fake import fake_copies_allowed, fake_model, module_copy
+from pipeline.models.meta import MetaModel
 from pipeline.models.traces import TraceCache
 from pipeline.models.weights import empty_copy, materialise_module, whole_model
 from pipeline.stage.training import aliases, loss_fn, make_optimizer, tied_grads

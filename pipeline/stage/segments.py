@@ -24,7 +24,8 @@ from pipeline.core.errors import PipesplitError
 from pipeline.core.spec import ModelSpec
 from pipeline.models.batch import Batch, example_input, rows
 from pipeline.models.candidates import Candidates
-from pipeline.models.meta import MetaModel, fake_copies_allowed, fake_model, module_copy
+from pipeline.models.fake import fake_copies_allowed, fake_model, module_copy
+from pipeline.models.meta import MetaModel
 from pipeline.models.weights import empty_copy, materialise_module
 from pipeline.stage.build import name_in, use_codegen
 from pipeline.stage.costs import SavedBytes, backward_times, optimizer_time, saved_bytes

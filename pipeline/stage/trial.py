@@ -28,7 +28,8 @@ from pipeline.core.errors import PipesplitError, one_line
 from pipeline.core.plan import SplitPlan
 from pipeline.core.result import OutputCheck
 from pipeline.models.batch import Batch, example_input, rows
-from pipeline.models.meta import MetaModel, fake_model
+from pipeline.models.fake import fake_model
+from pipeline.models.meta import MetaModel
 from pipeline.models.weights import whole_model
 from pipeline.stage.build import BuiltStage, build_stage, name_in, other_backend
 from pipeline.stage.instrument import CommClock, CommSpan, ComputeClock, Span, hook_pippy_p2p, quiet_stderr, since
