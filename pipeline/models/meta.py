@@ -7,7 +7,7 @@ materialise some tensors, the ops that wrote them (and what those ops read) are 
 device. Each random op draws from its own generator seeded by (``seed``, the name of the tensor it fills, how
 many random ops filled that tensor before), on the CPU, so any rank, any split and the reference get the
 same weights for the same name on any device, and a stage's weights cost only the stage's memory.
-(torchdistx's ``deferred_init`` records the same way; it no longer builds against current torch.)
+(torchdistx's ``deferred_init`` records a model's construction the same way; torchdistx itself was not tried here.)
 """
 
 from __future__ import annotations
