@@ -211,23 +211,25 @@ def contention(alone: Profile, together: Profile, machine: Machine) -> float:
 def load_for_stages(spec: ModelSpec, *, stages: int, device: str = "cpu", threads: int = 1,
                     granularity: str = "block", micro_sizes: Sequence[int] | None = None, reprofile: bool = False,
                     root: Path = PROFILE_DIR, repeats: int = 3, quiet: bool = False,
-                    pool: Any = None, train: bool = False) -> tuple[Profile, bool]:
+                    pool: Any = None, train: bool = False, streamed: bool = False) -> tuple[Profile, bool]:
     """The profile a search or a validation of ``stages`` stages predicts with: every segment timed alone
     (what the serial model runs like, and a stage whose neighbours wait), plus a machine model whose
     contention at ``stages`` busy stages comes from timing the segments in ``stages`` workers at once
-    (at the smallest and largest microbatch size, which is enough for one factor)."""
+    (at the smallest and largest microbatch size, which is enough for one factor). ``streamed``: one
+    segment made real at a time on each worker, for a model that does not fit one device."""
     from pipeline.ranks.hosts import available_cores
 
     micro = sorted(set(micro_sizes or divisors(spec.batch_size)) | {spec.batch_size})
     alone, cached = load_or_profile(spec, device=device, threads=threads, granularity=granularity, micro_sizes=micro,
                                     reprofile=reprofile, root=root, repeats=repeats, quiet=quiet, pool=pool,
-                                    train=train)
+                                    train=train, streamed=streamed)
     cores = available_cores() if device == "cpu" else stages
     machine = Machine(device=device, cores=cores, threads=threads)
     if device == "cpu" and stages > 1:
         together, cached_too = load_or_profile(spec, device=device, threads=threads, granularity=granularity,
                                                micro_sizes=sorted({micro[0], micro[-1]}), reprofile=reprofile,
-                                               root=root, repeats=repeats, concurrency=stages, quiet=quiet, pool=pool)
+                                               root=root, repeats=repeats, concurrency=stages, quiet=quiet, pool=pool,
+                                               streamed=streamed)
         machine = Machine(device=device, cores=cores, threads=threads,
                           contention={stages: contention(alone, together, machine)})
         cached = cached and cached_too

@@ -26,17 +26,21 @@ class Interleaved:
     def speedups(self, i: int) -> list[float]:
         return [s for r in self.results[i] for s in r.speedups]
 
+    def throughputs(self, i: int) -> list[float]:
+        return [s for r in self.results[i] for s in r.throughputs]
+
     def last(self, i: int) -> TrialResult | None:
         return self.results[i][-1] if self.results[i] else None
 
 
 def interleaved(pool: Pool, plans: Sequence[SplitPlan], rounds: int, *, repeats: int, serial_all: bool = False,
-                timeout_s: float = 900.0, drop_failed: bool = False,
+                timeout_s: float = 900.0, drop_failed: bool = False, serial: bool = True,
                 tick: Callable[[int, TrialResult | None], None] | None = None) -> Interleaved:
     """Run every plan once per round, ``rounds`` times; ``drop_failed`` stops running a plan that failed.
 
     ``warmup=0``: the output check runs each freshly built pipeline once first, which warms it up; the
-    serial model is timed beside every repeat, so each speedup cancels the machine's drift.
+    serial model is timed beside every repeat, so each speedup cancels the machine's drift (``serial=False``:
+    none, for a model that does not fit one device; throughput is then the figure).
     ``tick(i, result)`` is called after each step (``None`` for a skipped plan), for a progress bar.
     """
     out: list[list[TrialResult]] = [[] for _ in plans]
@@ -47,7 +51,8 @@ def interleaved(pool: Pool, plans: Sequence[SplitPlan], rounds: int, *, repeats:
                 if tick:
                     tick(i, None)
                 continue
-            res = pool.run(plan, repeats=repeats, warmup=0, timeout_s=timeout_s, serial=True, serial_all=serial_all)
+            res = pool.run(plan, repeats=repeats, warmup=0, timeout_s=timeout_s, serial=serial,
+                           serial_all=serial and serial_all)
             if res.ok:
                 out[i].append(res)
             else:

@@ -12,7 +12,7 @@ from pipeline.core import budget
 from pipeline.core.errors import PipesplitError
 from pipeline.core.plan import check_ranks, parse_chunks
 from search.layouts import parse_per_rank, parse_schedules
-from search.memory import parse_size
+from search.metric import METRICS
 
 __all__ = ["DEFAULT_CHUNKS", "DEFAULT_STORAGE", "SearchConfig", "default_study_name"]
 
@@ -73,12 +73,14 @@ class SearchConfig:
     mode: str = "infer"
     """``train`` measures whole training steps, priced by replaying each schedule's action order."""
     optimizer: str = "adamw"
-    max_stage_memory: int | None = None
     device_memory: int | None = None
-    """Memory each rank's device has (``--device-memory``): a plan predicted over it is not run."""
-    objectives: tuple[str, ...] = ("speedup",)
-    """``("speedup", "memory")``: a two-objective study (speedup up, the largest stage's peak memory down)."""
-    """Bytes a stage may peak at; a measured trial over it is infeasible (None: no limit)."""
+    """Memory each rank's device has (``--device-memory``, also spelt ``--max-stage-memory``): a plan predicted
+    over it is not run, a measured plan that peaked over it is infeasible (None: no limit)."""
+    objective: str | None = None
+    """The figure plans are ranked by: ``speedup`` or ``throughput`` (None: speedup where the whole model fits
+    the device memory and a serial baseline is timed, throughput otherwise)."""
+    memory_objective: bool = False
+    """``--objectives <figure>,memory``: a two-objective study (the figure up, the largest stage's peak down)."""
 
     @property
     def profiles(self) -> str:
@@ -105,15 +107,16 @@ class SearchConfig:
         if self.backend == "pippy" and self.schedules != ("GPipe",):
             raise PipesplitError(f"torchpippy runs only GPipe here (got --schedule {','.join(self.schedules)}): "
                                  "use --backend torch")
-        if self.objectives not in (("speedup",), ("speedup", "memory")):
-            raise PipesplitError(f"--objectives {','.join(self.objectives)} is not one this search knows: "
-                                 "give speedup, or speedup,memory")
+        if self.objective is not None and self.objective not in METRICS:
+            raise PipesplitError(f"--objective {self.objective} is not one this search knows: give speedup or "
+                                 "throughput")
         if self.confirm_top < 0:
             raise PipesplitError(f"--confirm-top must be 0 or more (got {self.confirm_top})")
 
     @classmethod
     def from_args(cls, args: argparse.Namespace, stages: int) -> SearchConfig:
         """The settings the flags describe, for ``stages`` stages (cheap checks only: nothing is built)."""
+        figure, two = _objectives(args)
         return cls(model=ModelArgs.from_args(args), stages=stages,
                    chunks=None if args.chunks is None else parse_chunks(args.chunks), trials=args.trials,
                    timeout_s=args.timeout, repeats=args.repeats, race=not args.no_race, repeat_cap=args.repeat_cap,
@@ -127,6 +130,17 @@ class SearchConfig:
                    device=args.device or "cpu",
                    threads_per_stage=args.threads_per_stage, mode=args.mode or "infer",
                    optimizer=args.optimizer or "adamw",
-                   max_stage_memory=None if args.max_stage_memory is None else parse_size(args.max_stage_memory),
                    device_memory=None if args.device_memory is None else budget.parse_size(args.device_memory),
-                   objectives=tuple(t.strip() for t in (args.objectives or "speedup").split(",")))
+                   objective=figure, memory_objective=two)
+
+
+def _objectives(args: argparse.Namespace) -> tuple[str | None, bool]:
+    """``--objective FIGURE`` and ``--objectives FIGURE[,memory]`` as the config's two fields."""
+    names = [t.strip() for t in (args.objectives or "").split(",") if t.strip()]
+    if names and (names[0] not in METRICS or names[1:] not in ([], ["memory"])):
+        raise PipesplitError(f"--objectives {args.objectives} is not one this search knows: give speedup, "
+                             "throughput, or either with ,memory")
+    figure = names[0] if names else None
+    if figure and args.objective and figure != args.objective:
+        raise PipesplitError(f"--objective {args.objective} and --objectives {args.objectives} disagree: give one")
+    return args.objective or figure, names[1:] == ["memory"]

@@ -20,7 +20,8 @@ from pipeline.core.result import TrialResult
 from pipeline.ranks.pooling import Pool
 from pipeline.rounds import interleaved
 from pipeline.stage.timeline import Timeline
-from search.coordination import is_seed, measured_trials, speedup_of
+from search.coordination import is_seed, measured_trials, value_of
+from search.metric import Metric
 
 __all__ = ["Confirmation", "Confirmed", "confirm"]
 
@@ -33,20 +34,23 @@ class Confirmed:
     source: str
     split_points: tuple[str, ...]
     chunks: int
-    search_speedup: float
-    speedups: tuple[float, ...]
-    predicted_speedup: float | None = None
+    search_value: float
+    """What the search measured, in the study's metric (speedup or throughput)."""
+    values: tuple[float, ...]
+    """The round's figure of every repeat, in the study's metric."""
+    predicted: float | None = None
+    """The cost model's prediction, in the study's metric."""
     predicted_bubble: float | None = None
     detail: dict[str, Any] | None = None
-    """Of the round's last run: per-stage compute, serial seconds, speedup, plan and measured timeline."""
+    """Of the round's last run: per-stage compute, serial seconds, the figure, plan and measured timeline."""
 
     @property
     def median(self) -> float:
-        return statistics.median(self.speedups) if self.speedups else math.nan
+        return statistics.median(self.values) if self.values else math.nan
 
     @property
     def spread(self) -> tuple[float, float]:
-        return (min(self.speedups), max(self.speedups)) if self.speedups else (math.nan, math.nan)
+        return (min(self.values), max(self.values)) if self.values else (math.nan, math.nan)
 
     @property
     def timeline(self) -> Timeline | None:
@@ -60,16 +64,17 @@ class Confirmed:
 
     def to_dict(self) -> dict[str, Any]:
         return {"trial": self.trial, "source": self.source, "split_points": list(self.split_points),
-                "chunks": self.chunks, "search_speedup": self.search_speedup, "speedups": list(self.speedups),
-                "median": self.median, "spread": list(self.spread), "predicted_speedup": self.predicted_speedup,
+                "chunks": self.chunks, "search_value": self.search_value, "values": list(self.values),
+                "median": self.median, "spread": list(self.spread), "predicted": self.predicted,
                 "predicted_bubble": self.predicted_bubble, "detail": self.detail}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Confirmed:
+        """A kept row (one kept before the metric was named has ``speedups`` and ``search_speedup``)."""
         return cls(trial=int(d["trial"]), source=str(d.get("source")), split_points=tuple(d["split_points"]),
-                   chunks=int(d["chunks"]), search_speedup=float(d.get("search_speedup", math.nan)),
-                   speedups=tuple(float(x) for x in d.get("speedups", ())),
-                   predicted_speedup=d.get("predicted_speedup"), predicted_bubble=d.get("predicted_bubble"),
+                   chunks=int(d["chunks"]), search_value=float(d.get("search_value", d.get("search_speedup", math.nan))),
+                   values=tuple(float(x) for x in d.get("values", d.get("speedups", ()))),
+                   predicted=d.get("predicted", d.get("predicted_speedup")), predicted_bubble=d.get("predicted_bubble"),
                    detail=d.get("detail"))
 
 
@@ -80,6 +85,8 @@ class Confirmation:
     rounds: int
     repeats_per_run: int
     plans: tuple[Confirmed, ...]
+    metric: str = "speedup"
+    """What the plans' figures are: ``speedup`` or ``throughput`` (samples/s)."""
     best_result: TrialResult | None = field(default=None, compare=False)
     """The round's last run of the best plan (in memory only: the study keeps ``detail``)."""
 
@@ -100,7 +107,7 @@ class Confirmation:
         return next((p for p in self.plans if PIPPY in p.source.split("+")), None)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"rounds": self.rounds, "repeats_per_run": self.repeats_per_run,
+        return {"rounds": self.rounds, "repeats_per_run": self.repeats_per_run, "metric": self.metric,
                 "plans": [p.to_dict() for p in self.plans], "best_trial": self.best_trial}
 
     @classmethod
@@ -108,7 +115,8 @@ class Confirmation:
         if not d:
             return None
         return cls(rounds=int(d.get("rounds", 0)), repeats_per_run=int(d.get("repeats_per_run", 0)),
-                   plans=tuple(Confirmed.from_dict(p) for p in d.get("plans", [])))
+                   plans=tuple(Confirmed.from_dict(p) for p in d.get("plans", [])),
+                   metric=str(d.get("metric", "speedup")))
 
     @classmethod
     def of(cls, study: optuna.Study) -> Confirmation | None:
@@ -116,19 +124,20 @@ class Confirmation:
         return cls.from_dict(study.user_attrs.get("confirmation"))
 
 
-def _detail(result: TrialResult | None) -> dict[str, Any] | None:
+def _detail(result: TrialResult | None, metric: Metric) -> dict[str, Any] | None:
     if result is None:
         return None
     return {"stage_compute_s": list(result.stage_compute_s),
             "serial_s": statistics.median(result.serial_s) if result.serial_s else math.nan,
-            "speedup": result.speedup, "plan": result.plan.to_dict(),
+            "speedup": result.speedup if result.serial_s else math.nan, "throughput": result.throughput,
+            "value": metric.of(result), "label": metric.fmt(metric.of(result)), "plan": result.plan.to_dict(),
             "timeline": Timeline.from_result(result).to_dict()}
 
 
 def _chosen(study: optuna.Study, top: int, references: bool) -> list[FrozenTrial]:
     """The top ``top`` distinct plans, PiPPy's plan, and with ``references`` every seeded reference."""
     ok = sorted((t for t in measured_trials(study) if t.state == TrialState.COMPLETE),
-                key=lambda t: float(speedup_of(t) or 0.0), reverse=True)
+                key=lambda t: float(value_of(t) or 0.0), reverse=True)
     chosen: list[FrozenTrial] = []
     seen: set[str] = set()
 
@@ -151,23 +160,26 @@ def _chosen(study: optuna.Study, top: int, references: bool) -> list[FrozenTrial
 
 
 def confirm(study: optuna.Study, pool: Pool, *, top: int, rounds: int, repeats: int, timeout_s: float,
-            references: bool = False, progress: bool = True) -> Confirmation:
+            references: bool = False, progress: bool = True, metric: Metric | None = None) -> Confirmation:
     """Re-measure the top plans and PiPPy's equal-size plan (with ``references``, every seeded reference
-    policy too), interleaved round by round, and keep the round in the study."""
+    policy too), interleaved round by round, and keep the round in the study; ``metric`` (default speedup)
+    is the figure they are compared by (throughput times no serial model)."""
     from tqdm import tqdm
 
+    metric = metric or Metric(name="speedup", batch=1)
     chosen = _chosen(study, top, references)
     plans = [SplitPlan.from_dict(t.user_attrs["plan"]) for t in chosen]
     with tqdm(total=rounds * len(chosen), desc="confirming", unit="run", disable=not progress or not chosen) as bar:
         runs = interleaved(pool, plans, rounds, repeats=repeats, serial_all=True, timeout_s=timeout_s,
-                           tick=lambda i, r: bar.update())
+                           tick=lambda i, r: bar.update(), serial=metric.speedup)
     rows = tuple(Confirmed(trial=t.number, source=str(t.user_attrs.get("source")),
                            split_points=tuple(t.user_attrs["split_points"]), chunks=int(t.user_attrs["chunks"]),
-                           search_speedup=float(speedup_of(t) or math.nan), speedups=tuple(runs.speedups(i)),
-                           predicted_speedup=t.user_attrs.get("predicted_speedup"),
-                           predicted_bubble=t.user_attrs.get("predicted_bubble"), detail=_detail(runs.last(i)))
+                           search_value=float(value_of(t) or math.nan),
+                           values=tuple(runs.speedups(i) if metric.speedup else runs.throughputs(i)),
+                           predicted=t.user_attrs.get("predicted_value", t.user_attrs.get("predicted_speedup")),
+                           predicted_bubble=t.user_attrs.get("predicted_bubble"), detail=_detail(runs.last(i), metric))
                  for i, t in enumerate(chosen))
-    out = Confirmation(rounds=rounds, repeats_per_run=repeats, plans=rows)
+    out = Confirmation(rounds=rounds, repeats_per_run=repeats, plans=rows, metric=metric.name)
     best = out.best
     if best is not None:
         out = replace(out, best_result=runs.last(next(i for i, t in enumerate(chosen) if t.number == best.trial)))

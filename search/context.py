@@ -20,8 +20,9 @@ from pipeline.core.spec import ModelSpec
 from pipeline.models.candidates import Candidates
 from pipeline.ranks.pooling import Pool
 from pipeline.stage.orders import schedule_order
-from search.coordination import measured_trials, repeats_spent, speedup_of
-from search.memory import predicted_over
+from search.coordination import measured_trials, repeats_spent, value_of
+from search.memory import learned_runtime, predicted_over, with_runtime
+from search.metric import Metric
 from search.optimum import layout_optimum
 from search.pricing import Price, price, simulated, unpriced_reason
 from search.seeds import forward_starts
@@ -66,12 +67,20 @@ class SearchContext:
     check_first_repeat: bool = False
     """Check the output on the first timed repeat rather than in a run of its own (``check_on_first_repeat``)."""
     progress: bool = True
+    metric: Metric
+    """The figure plans are ranked by (speedup or throughput): every trial's value, prediction and race."""
     memory_objective: bool = False
-    """``--objectives speedup,memory``: each trial's values are (speedup, its largest stage's peak MiB)."""
-    max_stage_memory: int | None = None
+    """``--objectives <figure>,memory``: each trial's values are (the figure, its largest stage's peak MiB)."""
+    device_memory: int | None = None
+    """Bytes a rank may hold (``--device-memory``): a plan predicted over it is not run, a measured one over
+    it is infeasible (None: no limit)."""
     memory_of: Callable[[SplitPlan], MemoryPrediction] | None = None
-    """Each plan's per-rank peak predicted against ``--device-memory`` (None without it)."""
-    """Bytes a stage may peak at (``--max-stage-memory``): a measured trial over it is infeasible."""
+    """Each plan's per-rank peak from the model on meta, without the runtime's own (None without a limit)."""
+    first_runtime: int = 0
+    lean_cuts: tuple[int, ...] = ()
+    """The block cuts whose largest rank needs least memory (``--device-memory``): where the memory-feasible
+    optimum is searched from when the fastest plans do not fit."""
+    """The runtime memory a rank is predicted to hold before any trial has measured one."""
     artifacts: Any = None
     """An Optuna artifact store: every measured trial's timeline PNG is uploaded to it (dashboard shows it)."""
     budget: int | None = None
@@ -129,20 +138,48 @@ class SearchContext:
         return price(self.profile, p.cuts, p.chunks, lay, mode=self.mode, optimizer=self.optimizer, order=order,
                      machine=machine)
 
-    def schedule_optimum(self, layout: int) -> PlanPoint | None:
-        """The raw model's best plan of a layout it prices by the schedule's action order, under the memory
-        limit (None for a simulated layout, which ``search.seeds`` covers, or where nothing is priced)."""
-        if simulated(self.space.layouts[layout], self.mode):
+    def schedule_optimum(self, layout: int, starts: tuple[PlanPoint, ...] = ()) -> PlanPoint | None:
+        """The raw model's best plan of a layout under the memory limit: one it prices by the schedule's action
+        order, or (with a limit) any layout, searched from the forward optimum and ``starts`` (plans that fit);
+        None for a simulated layout without a limit (``search.seeds`` covers it) or where nothing fits."""
+        if simulated(self.space.layouts[layout], self.mode) and self.device_memory is None:
             return None
 
         def score(p: PlanPoint) -> float | None:
-            if not self.priced(p):
+            if not self.priced(p) or not self.fits(p):
                 return None
             got = self.price(p)
-            limit = self.max_stage_memory
-            return None if limit and predicted_over(got.rank_mem_bytes, 0, limit) else got.speedup
+            return self.metric.predicted(got.speedup, got.makespan_s)
 
-        return layout_optimum(score, self.space, layout, forward_starts(self.profile, self.space, layout))
+        return layout_optimum(score, self.space, layout,
+                              [*forward_starts(self.profile, self.space, layout), *starts])
+
+    def runtime(self) -> tuple[int, ...]:
+        """The runtime memory each rank is predicted to hold besides its stages: what measured trials held."""
+        seen = []
+        for t in measured_trials(self.study):
+            a = t.user_attrs
+            if a.get("peak_mem_bytes") and a.get("predicted_rank_bytes"):
+                held = a.get("predicted_runtime", 0)
+                held = held if isinstance(held, list) else [held] * len(a["predicted_rank_bytes"])
+                seen.append((a["peak_mem_bytes"], [q - h for q, h in zip(a["predicted_rank_bytes"], held)], 0))
+        return learned_runtime(seen, self.first_runtime, self.stages)
+
+    def memory(self, plan: SplitPlan) -> MemoryPrediction | None:
+        """The plan's per-rank prediction against ``--device-memory`` with the runtime learned so far (None
+        without a limit); the part from the model on meta is computed once per plan."""
+        if self.memory_of is None:
+            return None
+        cache: dict[str, MemoryPrediction] = self._memo.setdefault("memory", {})
+        key = plan_key(plan)
+        if key not in cache:
+            cache[key] = self.memory_of(plan)
+        return with_runtime(cache[key], self.runtime())
+
+    def fits(self, p: PlanPoint) -> bool:
+        """Whether a plan of the space may run under ``--device-memory`` (always, without one)."""
+        pred = self.memory(self.plan_for_cuts(p.cuts, p.chunks, p.layout)) if self.memory_of else None
+        return pred is None or predicted_over(pred) is None
 
     def calibrated(self) -> Machine | None:
         """The machine model refitted to every measured trial's timeline in the study (a resumed study's
@@ -162,26 +199,25 @@ class SearchContext:
         out: Machine | None = self._memo["machine"]
         return out
 
-    def calibrated_speedup(self, p: PlanPoint) -> float:
-        """The calibrated model's speedup of a plan (the raw model's while none can be fitted), cached
+    def calibrated_value(self, p: PlanPoint) -> float:
+        """The calibrated model's figure of a plan (the raw model's while none can be fitted), cached
         with the calibration: what the sampler scores and the pruning rule compares."""
         machine = self.calibrated()
         cache: dict[PlanPoint, float] = self._memo.setdefault("predictions", {})
         if p not in cache:
             # a plan the model cannot price is scored as forward-only GPipe over its R x V stages: a ranking
             # within its layout only (``search.proposals`` scales each layout by its own measured / predicted)
-            if self.priced(p):
-                cache[p] = self.price(p, machine).speedup
-            else:
-                cache[p] = simulate(self.profile, p.cuts, p.chunks, "GPipe", machine=machine).speedup
+            got = self.price(p, machine) if self.priced(p) else \
+                simulate(self.profile, p.cuts, p.chunks, "GPipe", machine=machine)
+            cache[p] = self.metric.predicted(got.speedup, got.makespan_s)
         return cache[p]
 
     def predictor(self) -> Callable[[PlanPoint], float]:
-        return self.calibrated_speedup
+        return self.calibrated_value
 
     def best_measured(self) -> optuna.trial.FrozenTrial | None:
         ok = [t for t in measured_trials(self.study) if t.state == optuna.trial.TrialState.COMPLETE]
-        return max(ok, key=lambda t: float(speedup_of(t) or 0.0)) if ok else None
+        return max(ok, key=lambda t: float(value_of(t) or 0.0)) if ok else None
 
     def repeats_left(self) -> int | None:
         if self.budget_repeats is None:

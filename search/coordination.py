@@ -16,7 +16,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from pipeline.core.result import Breakdown
 
-__all__ = ["MEASURED", "SAMPLER", "speedup_of", "claims", "fail_stale", "is_seed", "measured_trials", "others_running",
+__all__ = ["MEASURED", "SAMPLER", "value_of", "claims", "fail_stale", "is_seed", "measured_trials", "others_running",
            "repeats_spent", "skip_reason", "timed_share", "worker_id"]
 
 MEASURED = "measured"
@@ -44,9 +44,9 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def speedup_of(t: FrozenTrial) -> float | None:
-    """A trial's measured speedup: its first objective value (the second, with ``--objectives
-    speedup,memory``, is its largest stage's peak memory); None while it has none."""
+def value_of(t: FrozenTrial) -> float | None:
+    """A trial's measured figure (speedup or throughput, the study's metric): its first objective value (the
+    second, with ``--objectives <figure>,memory``, is its largest stage's peak memory); None while it has none."""
     return float(t.values[0]) if t.values else None
 
 

@@ -13,7 +13,7 @@ from pipeline.core.plan import SplitPlan
 from pipeline.export import provenance
 from search.confirm import Confirmation
 from search.context import SearchContext
-from search.coordination import MEASURED, SAMPLER, is_seed, speedup_of, timed_share
+from search.coordination import MEASURED, SAMPLER, is_seed, timed_share, value_of
 from search.memory import OVER_MEMORY, format_size
 
 
@@ -36,12 +36,14 @@ def summary_rows(study: optuna.Study, confirmation: Confirmation | None) -> list
             "role": "BEST" if t.number == best_no else "reference",
             "source": str(t.user_attrs.get("source", SAMPLER)), "trial": t.number,
             "split_points": t.user_attrs.get("split_points"),
-            "chunks": t.user_attrs.get("chunks"), "predicted": t.user_attrs.get("predicted_speedup"),
-            "measured": speedup_of(t) if t.state == optuna.trial.TrialState.COMPLETE else None,
+            "chunks": t.user_attrs.get("chunks"),
+            "predicted": t.user_attrs.get("predicted_value", t.user_attrs.get("predicted_speedup")),
+            "measured": value_of(t) if t.state == optuna.trial.TrialState.COMPLETE else None,
             "confirmed": c.median if c else None,
             "failed": t.user_attrs.get("fail_reason"),
             "schedule": layout_label(t.user_attrs.get("plan") or {}),
             "peak_mib": [round(b / 2**20) for b in t.user_attrs.get("peak_mem_bytes") or []],
+            "predicted_mib": [round(b / 2**20) for b in t.user_attrs.get("predicted_rank_bytes") or []],
         })
     rows.sort(key=lambda r: (r["role"] != "BEST", -float(r["confirmed"] or r["measured"] or 0)))
     return rows
@@ -54,27 +56,32 @@ def layout_label(plan: dict[str, Any]) -> str:
     return name if v == 1 else f"{name}/V{v}"
 
 
-def summary_table(rows: list[dict[str, Any]]) -> str:
-    """The summary's table: the best and each reference, their schedule, speedups and peak memory per stage."""
-    out = ["| role | source | trial | split points | chunks | schedule | predicted | measured | confirmed "
-           "| peak MiB per stage |",
-           "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+def summary_table(rows: list[dict[str, Any]], metric: str = "speedup") -> str:
+    """The summary's table: the best and each reference, their schedule, figures (speedup or throughput in
+    samples/s, as ``metric``) and peak memory per stage (measured, and predicted where a budget was given)."""
+    fmt = ".2f" if metric == "speedup" else ".3g"
+    predicted = any(r.get("predicted_mib") for r in rows)
+    head = "speedup" if metric == "speedup" else "samples/s"
+    out = [f"| role | source | trial | split points | chunks | schedule | predicted {head} | measured {head} "
+           f"| confirmed {head} | peak MiB per stage |" + (" predicted MiB per stage |" if predicted else ""),
+           "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |" + (" --- |" if predicted else "")]
     for r in rows:
         pts = ", ".join(r["split_points"] or [])
-        measured = _fmt(r["measured"]) if not r["failed"] else f"failed: {r['failed'][:60]}"
+        measured = _fmt(r["measured"], fmt) if not r["failed"] else f"failed: {r['failed'][:60]}"
         peaks = ", ".join(map(str, r.get("peak_mib") or [])) or "-"
+        pred = (" " + (", ".join(map(str, r.get("predicted_mib") or [])) or "-") + " |") if predicted else ""
         out.append(f"| {r['role']} | {r['source']} | {r['trial']} | {pts} | {r['chunks']} | {r.get('schedule', 'GPipe')} "
-                   f"| {_fmt(r['predicted'])} | {measured} | {_fmt(r['confirmed'])} | {peaks} |")
+                   f"| {_fmt(r['predicted'], fmt)} | {measured} | {_fmt(r['confirmed'], fmt)} | {peaks} |{pred}")
     return "\n".join(out)
 
 
-def pareto_table(study: optuna.Study) -> str:
-    """A two-objective study's Pareto front (speedup up, largest stage's peak memory down), fastest first;
+def pareto_table(study: optuna.Study, metric: str = "speedup") -> str:
+    """A two-objective study's Pareto front (the figure up, largest stage's peak memory down), fastest first;
     empty for a one-objective study."""
     if len(study.directions) < 2:
         return ""
-    out = ["Pareto front (speedup up, the largest stage's peak memory down):", "",
-           "| trial | split points | chunks | schedule | speedup | largest stage's peak MiB |",
+    out = [f"Pareto front ({metric} up, the largest stage's peak memory down):", "",
+           f"| trial | split points | chunks | schedule | {metric} | largest stage's peak MiB |",
            "| --- | --- | --- | --- | --- | --- |"]
     for t in sorted(study.best_trials, key=lambda t: -t.values[0]):
         pts = ", ".join(t.user_attrs.get("split_points") or [])
@@ -87,6 +94,7 @@ def export(study: optuna.Study, ctx: SearchContext, outdir: Path, *, confirmatio
            out: str | None, storage_url: str, asked: int | None = None) -> list[Path]:
     """best_split.json (the confirmed best, or the best measured), trials.csv and summary.md."""
     paths = []
+    metric = ctx.metric.name
     best_no = confirmation.best_trial if confirmation else None
     if best_no is None:
         fallback = ctx.best_measured()
@@ -97,20 +105,23 @@ def export(study: optuna.Study, ctx: SearchContext, outdir: Path, *, confirmatio
         result = confirmation.best_result if confirmation and confirmation.best_trial == best_no else None
         result = result or ctx.results.get(best_no)
         meas = result.measured() if result is not None else {
-            "ok": True, "speedup": speedup_of(t), **{k: t.user_attrs.get(k) for k in (
+            "ok": True, metric: value_of(t), **{k: t.user_attrs.get(k) for k in (
                 "speedup_spread", "serial_s", "pipeline_s", "stage_compute_s", "stage_comm_s", "boundary_bytes",
                 "peak_mem_bytes", "base_mem_bytes", "max_abs_diff", "check")}}
         row = confirmation.row(best_no) if confirmation else None
-        if row and row.speedups:
-            meas["speedup"] = row.median
-            meas["speedup_spread"] = list(row.spread)
-            meas["confirmation_speedups"] = list(row.speedups)
-        meas["search_speedup"] = speedup_of(t)
-        meas["confirmed"] = bool(row and row.speedups)
+        if row and row.values:
+            meas[metric] = row.median
+            meas[f"{metric}_spread"] = list(row.spread)
+            meas[f"confirmation_{metric}s"] = list(row.values)
+        meas["objective"] = metric
+        meas[f"search_{metric}"] = value_of(t)
+        meas["confirmed"] = bool(row and row.values)
         predicted = {k: t.user_attrs.get(a) for k, a in
                      (("speedup", "predicted_speedup"), ("makespan_s", "predicted_s"),
-                      ("bubble_fraction", "predicted_bubble"), ("calibrated_speedup", "calibrated_speedup"),
-                      ("ceiling", "predicted_ceiling"))}
+                      ("bubble_fraction", "predicted_bubble"), ("calibrated", "calibrated_value"),
+                      ("ceiling", "predicted_ceiling"), ("rank_bytes", "predicted_rank_bytes"))}
+        if metric != "speedup":
+            predicted[metric] = t.user_attrs.get("predicted_value")
         doc = {**plan.to_dict(), "measured": meas, "predicted": predicted,
                "provenance": provenance(study=study.study_name, trial=best_no, storage=storage_url,
                                         source=t.user_attrs.get("source"), command="search.optimize")}
@@ -121,30 +132,26 @@ def export(study: optuna.Study, ctx: SearchContext, outdir: Path, *, confirmatio
                                        "duration"))
     paths.append(write_with(outdir / "trials.csv", lambda tmp: df.to_csv(tmp, index=False)))
     rows = summary_rows(study, confirmation)
-    table = summary_table(rows)
-    settings = study.user_attrs.get("config") or {}
-    flag = "--device-memory" if settings.get("device_memory") and not settings.get("max_stage_memory") \
-        else "--max-stage-memory"
-    budget = budget_line(trial_counts(study), asked, ctx.budget_repeats, flag)
+    table = summary_table(rows, metric)
+    budget = budget_line(trial_counts(study), asked, ctx.budget_repeats)
     share = timed_share(study)
     if share is not None:
         budget += (f" The measured trials spent {share:.0%} of their wall time in timed repeats (the rest: building "
                    "stages, output checks, warm-up, the driver).")
     ceiling = study.user_attrs.get("ceiling")
-    if ceiling:
+    if ceiling and metric == "speedup":
         stages = (study.user_attrs.get("config") or {}).get("stages", "?")
         budget += (f" Ceiling: {ceiling:.2f}x is the most speedup this machine can give {stages} stages (cores / "
                    "threads per stage on CPU); no prediction exceeds it.")
     if (study.user_attrs.get("config") or {}).get("mode") == "train":
         budget += (" Training steps (forward, loss, backward, optimizer): 'predicted' replays each schedule's own "
                    "action order (torch's) over the profile's forward, backward and optimizer-step times.")
-    device = (study.user_attrs.get("config") or {}).get("device_memory")
-    if device:
-        budget += (f" Device memory: {format_size(device)} per rank (--device-memory); a plan with a rank predicted "
-                   "over it from the model on meta was not run.")
-    limit = (study.user_attrs.get("config") or {}).get("max_stage_memory")
+    limit = (study.user_attrs.get("config") or {}).get("device_memory")
     if limit:
-        budget += f" Memory limit: every stage at most {format_size(limit)} peak (--max-stage-memory)."
+        budget += (f" Device memory: {format_size(limit)} per rank (--device-memory); a plan with a rank predicted "
+                   "over it (from the model on meta, plus the runtime memory measured trials held) was not run, a "
+                   "measured plan that peaked over it is infeasible.")
+        budget += memory_errors(study)
         over = [t for t in study.get_trials(deepcopy=False) if t.user_attrs.get(OVER_MEMORY)]
         if best_no is None and over:
             peaks = [max(t.user_attrs["peak_mem_bytes"]) for t in over if t.user_attrs.get("peak_mem_bytes")]
@@ -153,16 +160,32 @@ def export(study: optuna.Study, ctx: SearchContext, outdir: Path, *, confirmatio
                        + (f" (the smallest largest-stage peak was {format_size(min(peaks))})" if peaks else "")
                        + (f"; {unrun} plan{'s' if unrun != 1 else ''} predicted over it did not run" if unrun else "")
                        + ", so no best split was written: raise the limit, or add stages or stages per rank.")
-    front = pareto_table(study)
+    front = pareto_table(study, metric)
     if front:
         table += "\n\n" + front
     text = (f"# {study.study_name}\n\n{budget}\n\n"
-            "Speedup = serial model on one stage's threads / pipeline, median over repeats; "
-            "'confirmed' is the median of the interleaved confirmation round.\n\n" + table + "\n")
+            f"Plans are ranked by {ctx.metric.words}; 'confirmed' is the median of the interleaved confirmation "
+            "round.\n\n" + table + "\n")
     paths.append(write_text(outdir / "summary.md", text))
     print(table)
     print(budget)
     return paths
+
+
+def figure_label(detail: dict[str, Any]) -> str:
+    """A confirmed run's figure as its title shows it (a round kept before the metric was named: speedup)."""
+    return str(detail.get("label") or f"{detail['speedup']:.2f}x")
+
+
+def memory_errors(study: optuna.Study) -> str:
+    """Predicted vs measured peak per rank over the measured plans, in a sentence (empty before any)."""
+    pairs = [(p, q) for t in study.get_trials(deepcopy=False)
+             for p, q in zip(t.user_attrs.get("peak_mem_bytes") or [], t.user_attrs.get("predicted_rank_bytes") or [])]
+    if not pairs:
+        return ""
+    errs = sorted(q / p - 1 for p, q in pairs if p > 0)
+    return (f" Predicted / measured peak per rank over {len(pairs)} measured ranks: median {errs[len(errs) // 2]:+.0%}, "
+            f"from {errs[0]:+.0%} to {errs[-1]:+.0%} (the table shows both per stage).")
 
 
 def trial_counts(study: optuna.Study) -> dict[str, int]:
@@ -194,12 +217,12 @@ def trial_counts(study: optuna.Study) -> dict[str, int]:
 
 
 def budget_line(c: dict[str, int], asked: int | None, budget_repeats: int | None = None,
-                memory_flag: str = "--max-stage-memory") -> str:
+                memory_flag: str = "--device-memory") -> str:
     """The search's budget in words: what was asked, what was measured, and why the rest was not."""
     own = c["measured"] - c["seeds"]
     raced = f", {c['raced_out']} of them raced out early" if c.get("raced_out") else ""
     if c.get("over_memory"):
-        raced += f", {c['over_memory']} over --max-stage-memory (infeasible)"
+        raced += f", {c['over_memory']} over {memory_flag} (infeasible)"
     text = (f"{c['measured']} measured trials ({c['seeds']} seeds, {own} the sampler's own{raced})"
             + (f" of {asked} asked for" if asked is not None else "")
             + f", {c.get('repeats', 0)} timed repeats" + (f" of a budget of {budget_repeats}" if budget_repeats else "")
@@ -215,7 +238,7 @@ def budget_line(c: dict[str, int], asked: int | None, budget_repeats: int | None
                      f"the cost model{over}): every one was tried, each once.")
         else:
             text += (f" The search stopped short: of the sampler's other proposals, {c['pruned']} were pruned by "
-                     "the cost model (predicted speedup, corrected by the most optimistic measured/predicted ratio "
+                     "the cost model (predicted figure, corrected by the most optimistic measured/predicted ratio "
                      f"so far, below 97 % of the best measured), {c['infeasible']} were infeasible and "
                      f"{c['duplicates']} repeated a measured plan. Run the same command with --no-prune to measure "
                      "what the cost model pruned.")
@@ -246,7 +269,7 @@ def export_timelines(study: optuna.Study, outdir: Path, confirmation: Confirmati
     for role, number, tl, row in timeline_runs(confirmation):
         label = "best plan" if role == "best" else "PiPPy equal-size"
         path = render(tl, outdir / f"timeline_{role}.png",
-                      title=f"{label} (trial {number}): {row.plan.describe()} - {row.detail['speedup']:.2f}x")
+                      title=f"{label} (trial {number}): {row.plan.describe()} - {figure_label(row.detail)}")
         spans[role] = {"trial": number, **tl.to_dict()}
         paths.append(path)
         if artifacts is not None:

@@ -1,7 +1,8 @@
 """What a person reads first about a trial in optuna-dashboard: a Markdown note per measured trial.
 
-The plan as stage ranges of module names, predicted vs measured speedup, the spread of its repeats,
-peak memory per stage and its timeline (the uploaded artifact, shown inline). Saved with
+The plan as stage ranges of module names, predicted vs measured figure (speedup or throughput), the spread
+of its repeats, peak memory per rank against the budget (measured and predicted) and its timeline (the
+uploaded artifact, shown inline). Saved with
 ``optuna_dashboard.save_note``; the study gets one too (what was searched, how to read the trials).
 """
 
@@ -17,8 +18,10 @@ from search.report import stage_ranges
 __all__ = ["save_study_note", "save_trial_note", "study_note", "trial_note"]
 
 
-def _x(v: Any) -> str:
-    return f"{float(v):.2f}x" if isinstance(v, (int, float)) and v == v else "-"
+def _x(v: Any, metric: str = "speedup") -> str:
+    if not isinstance(v, (int, float)) or v != v:
+        return "-"
+    return f"{float(v):.2f}x" if metric == "speedup" else f"{float(v):.3g} samples/s"
 
 
 def _schedule(attrs: Mapping[str, Any]) -> str:
@@ -32,23 +35,31 @@ def _schedule(attrs: Mapping[str, Any]) -> str:
 
 
 def trial_note(attrs: Mapping[str, Any], names: Sequence[str], *, number: int, state: str,
-               timeline_url: str | None = None) -> str:
-    """The note of one measured trial from its user attributes."""
+               timeline_url: str | None = None, metric: str = "speedup", budget: int | None = None) -> str:
+    """The note of one measured trial from its user attributes, its figure in ``metric``, its memory against
+    ``budget`` (``--device-memory``)."""
     starts = [str(s) for s in attrs.get("split_points", [])]
     lines = [f"## Trial {number}: {state} ({attrs.get('source', '?')})", "",
              f"**Plan**: {attrs.get('chunks', '?')} chunks, cuts at {', '.join(starts) or '-'}"
              + _schedule(attrs), ""]
     lines += [f"- stage {k}: {r}" for k, r in enumerate(stage_ranges(starts, list(names)), 1)]
-    spread = attrs.get("speedup_spread") or []
-    measured = attrs.get("speedup")
-    lines += ["", "| | speedup |", "|---|---|",
-              f"| measured (median of {attrs.get('repeats', '?')} repeats) | {_x(measured)} |",
-              f"| spread of repeats | {_x(spread[0]) if spread else '-'} .. {_x(spread[-1]) if spread else '-'} |",
-              f"| predicted by the cost model | {_x(attrs.get('predicted_speedup'))} |",
-              f"| predicted, calibrated to the measured trials | {_x(attrs.get('calibrated_speedup'))} |"]
+    spread = attrs.get(f"{metric}_spread") or []
+    measured = attrs.get("value", attrs.get(metric))
+    lines += ["", f"| | {metric} |", "|---|---|",
+              f"| measured (median of {attrs.get('repeats', '?')} repeats) | {_x(measured, metric)} |",
+              f"| spread of repeats | {_x(spread[0], metric) if spread else '-'} .. "
+              f"{_x(spread[-1], metric) if spread else '-'} |",
+              f"| predicted by the cost model | {_x(attrs.get('predicted_value', attrs.get('predicted_speedup')), metric)} |",
+              f"| predicted, calibrated to the measured trials | "
+              f"{_x(attrs.get('calibrated_value', attrs.get('calibrated_speedup')), metric)} |"]
     peaks = attrs.get("peak_mem_bytes") or []
-    if peaks:
-        lines += ["", "**Peak memory per stage**: " + ", ".join(f"{p / 2**20:.0f} MiB" for p in peaks)]
+    predicted = attrs.get("predicted_rank_bytes") or []
+    if peaks or predicted:
+        of = f" (of {budget / 2**30:.2f} GiB each)" if budget else ""
+        lines += ["", f"**Memory per rank**{of}: "
+                  + ", ".join(f"rank {r}: " + (f"peak {peaks[r] / 2**20:.0f} MiB" if r < len(peaks) else "not run")
+                              + (f", predicted {predicted[r] / 2**20:.0f} MiB" if r < len(predicted) else "")
+                              for r in range(max(len(peaks), len(predicted))))]
     if attrs.get("raced_out"):
         lines += ["", f"**Raced out**: {attrs['raced_out']}"]
     if attrs.get("over_memory"):
@@ -62,14 +73,16 @@ def trial_note(attrs: Mapping[str, Any], names: Sequence[str], *, number: int, s
     return "\n".join(lines) + "\n"
 
 
-def save_trial_note(trial: optuna.Trial, names: Sequence[str], state: str, artifact_id: str | None) -> None:
+def save_trial_note(trial: optuna.Trial, names: Sequence[str], state: str, artifact_id: str | None,
+                    metric: str = "speedup", budget: int | None = None) -> None:
     """Save ``trial_note`` for a live trial (its timeline link is the dashboard's artifact route)."""
     from optuna_dashboard import save_note
 
     url = None
     if artifact_id:
         url = f"/artifacts/{trial.study._study_id}/{trial._trial_id}/{artifact_id}"
-    save_note(trial, trial_note(trial.user_attrs, names, number=trial.number, state=state, timeline_url=url))
+    save_note(trial, trial_note(trial.user_attrs, names, number=trial.number, state=state, timeline_url=url,
+                                metric=metric, budget=budget))
 
 
 def study_note(config: Mapping[str, Any], space_size: int, ceiling: float | None) -> str:
@@ -82,12 +95,18 @@ def study_note(config: Mapping[str, Any], space_size: int, ceiling: float | None
         + "); the space holds "
         f"{space_size} plans ({config.get('granularity')} cuts x chunk counts).",
         "",
-        "- **value** is the measured speedup (serial model on one stage's threads / pipeline, median of repeats);",
+        ("- **value** is the measured speedup (serial model on one stage's threads / pipeline, median of repeats);"
+         if config.get("objective", "speedup") == "speedup" else
+         "- **value** is the measured throughput (samples/s for the whole batch, median of repeats; no serial model);"),
         "  intermediate values are that median after each repeat (racing: a plan clearly behind stops early).",
         "- **params** name the module each later stage starts at (`cut_1` starts stage 2) and the chunk count.",
-        "- Predictions are user attributes only (`predicted_speedup`, `calibrated_speedup`), never values.",
+        "- Predictions are user attributes only (`predicted_value`, `calibrated_value`), never values.",
+        *([f"- Memory: each rank may hold {config['device_memory'] / 2**30:.2f} GiB (--device-memory); a plan "
+           "predicted over it never ran (`over_memory`), `predicted_rank_bytes` beside `peak_mem_bytes`."]
+          if config.get("device_memory") else []),
         "- Pruned trials without intermediate values were pruned by the cost model and never ran.",
-        *([f"- Ceiling: {ceiling:.2f}x is the most this machine can give this many stages."] if ceiling else []),
+        *([f"- Ceiling: {ceiling:.2f}x is the most this machine can give this many stages."]
+          if ceiling and config.get("objective", "speedup") == "speedup" else []),
     ]) + "\n"
 
 

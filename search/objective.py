@@ -17,8 +17,9 @@ from costmodel.types import Machine
 from pipeline.core.plan import SplitPlan
 from pipeline.core.result import TrialResult, merged
 from search.context import SearchContext, plan_key
-from search.coordination import MEASURED, SAMPLER, measured_trials, skip_reason, speedup_of, worker_id
-from search.memory import OVER_MEMORY, format_size, over_limit, predicted_over, runtime_bytes
+from search.coordination import MEASURED, SAMPLER, measured_trials, skip_reason, value_of, worker_id
+from search.memory import OVER_MEMORY, over_limit, predicted_over
+from search.metric import Metric
 from search.notes import save_trial_note
 from search.pruning import PRUNE_STREAK, budget_covers_rest, prune_reason
 from search.racing import band, best_value, study_cv
@@ -28,7 +29,7 @@ __all__ = ["Objective", "TrialFailed", "result_attrs"]
 
 
 class TrialFailed(Exception):
-    """A real trial that did not produce a speedup (its reason is in the trial's user attributes)."""
+    """A real trial that did not produce a figure (its reason is in the trial's user attributes)."""
 
 
 class Objective:
@@ -60,6 +61,7 @@ class Objective:
             if why is None:
                 prediction = ctx.price(point)
                 trial.set_user_attr("predicted_speedup", prediction.speedup)
+                trial.set_user_attr("predicted_value", ctx.metric.predicted(prediction.speedup, prediction.makespan_s))
                 trial.set_user_attr("predicted_s", prediction.makespan_s)
                 trial.set_user_attr("predicted_bubble", prediction.bubble_fraction)
                 trial.set_user_attr("predicted_by", prediction.model)
@@ -68,7 +70,7 @@ class Objective:
                     trial.set_user_attr("predicted_ceiling", prediction.ceiling)
                 machine = ctx.calibrated()
                 if machine is not None:
-                    trial.set_user_attr("calibrated_speedup", ctx.calibrated_speedup(point))
+                    trial.set_user_attr("calibrated_value", ctx.calibrated_value(point))
             else:
                 trial.set_user_attr("prediction", why)
             trial.set_user_attr("stage_blocks", ctx.space.stage_blocks(point))
@@ -83,8 +85,6 @@ class Objective:
             if t.user_attrs.get("plan_key") == key and t.state == optuna.trial.TrialState.COMPLETE:
                 trial.set_user_attr("duplicate_of", t.number)
                 return (float(t.values[0]), float(t.values[1])) if ctx.memory_objective else float(t.values[0])
-        if ctx.max_stage_memory and prediction is not None:
-            self._maybe_over_memory(trial, prediction.rank_mem_bytes, ctx.max_stage_memory)
         if ctx.memory_of is not None:
             self._maybe_over_device(trial, plan)
         if ctx.prune and source is None and point is not None and prediction is not None:
@@ -104,18 +104,18 @@ class Objective:
             trial.set_user_attr("fail_reason", "interrupted")
             raise
         ctx.results[trial.number] = result
-        for k, v in result_attrs(result).items():
+        for k, v in result_attrs(result, ctx.metric).items():
             trial.set_user_attr(k, v)
         if result.ok and result.events and prediction is not None and prediction.stage_s and ctx.profile.machine:
             spans = [[(a, b) for _, a, b in ev] for ev in result.events]
             trial.set_user_attr("calibration_rows",
                                 trial_rows(prediction.stage_s, spans, ctx.profile.machine).to_dict())
         artifact = self._upload_timeline(trial, result, plan) if result.ok and ctx.artifacts is not None else None
-        over = over_limit(result.peak_mem_bytes, ctx.max_stage_memory) if result.ok and ctx.max_stage_memory else None
+        over = over_limit(result.peak_mem_bytes, ctx.device_memory) if result.ok and ctx.device_memory else None
         if over:
             trial.set_user_attr(OVER_MEMORY, over)
         state = "over the memory limit" if over else ("raced out" if raced else ("measured" if result.ok else "failed"))
-        save_trial_note(trial, ctx.space.names, state, artifact)
+        save_trial_note(trial, ctx.space.names, state, artifact, ctx.metric.name, ctx.device_memory)
         if not result.ok:
             raise TrialFailed(result.reason)
         if over:
@@ -123,13 +123,13 @@ class Objective:
         if raced:
             raise optuna.TrialPruned(str(trial.user_attrs.get("raced_out")))
         if ctx.memory_objective:
-            return result.speedup, max(result.peak_mem_bytes) / 2**20
-        return result.speedup
+            return ctx.metric.of(result), max(result.peak_mem_bytes) / 2**20
+        return ctx.metric.of(result)
 
     def _race(self, trial: optuna.Trial, plan: SplitPlan, *, seed: bool) -> tuple[TrialResult, bool]:
         """Measure ``plan`` on one built stage in steps of ceil(base / 2) repeats (one repeat at a time at
         DeiT-S's 2 base repeats; fewer round trips for a short model repeated more), reporting the median
-        speedup after every repeat and asking the pruner after every step: (the result, whether the racing
+        figure (speedup or throughput) after every repeat and asking the pruner after every step: (the result, whether the racing
         pruner stopped it). Seeds are references: never raced out."""
         ctx = self.ctx
         base = ctx.repeats
@@ -140,6 +140,7 @@ class Objective:
         race = ctx.repeat_cap is not None
         step = max(1, math.ceil(base / 2)) if race else base
         kw: dict[str, Any] = {"warmup": 0, "timeout_s": ctx.trial_timeout_s, "serial_all": False, "keep": race,
+                              "serial": ctx.metric.speedup,
                               "check_first_repeat": ctx.check_first_repeat}
         # warmup=0: the output check's own run warms the fresh pipeline up, or, where a run takes seconds,
         # the check is on the first timed repeat (no slower than the next: search.runner.check_on_first_repeat)
@@ -151,45 +152,38 @@ class Objective:
             trial.set_user_attr("repeats", k)
             if not result.ok:
                 return result, False
-            speedups = result.speedups
+            figures = ctx.metric.repeats(result)
             for j in range(reported + 1, k + 1):
                 if not ctx.memory_objective:  # Optuna reports (and prunes) single-objective trials only
-                    trial.report(statistics.median(speedups[:j]) if speedups[:j] else float("nan"), step=j)
+                    trial.report(statistics.median(figures[:j]) if figures[:j] else float("nan"), step=j)
             reported = k
             if k >= cap:
                 return result, False
             best = best_value(ctx.study, trial.number)
             if not seed and trial.should_prune():
                 cv = study_cv(ctx.study)
-                trial.set_user_attr("raced_out", f"after {k} repeat{'s' if k > 1 else ''} at {result.speedup:.2f}x, "
-                                    f"more than {band(cv, k):.1%} behind the best {best or 0:.2f}x")
+                fmt = ctx.metric.fmt
+                trial.set_user_attr("raced_out", f"after {k} repeat{'s' if k > 1 else ''} at "
+                                    f"{fmt(ctx.metric.of(result))}, more than {band(cv, k):.1%} behind the best "
+                                    f"{fmt(best or 0.0)}")
                 return result, True
-            if k >= base and (best is None or result.speedup < best):
+            if k >= base and (best is None or ctx.metric.of(result) < best):
                 return result, False  # not a new best (or the first plan): the base repeats rank it well enough
             limit = base if k < base else cap
             parts.append(ctx.pool.run(plan, repeats=min(step, limit - k), resume=True, **kw))
 
-    def _maybe_over_memory(self, trial: optuna.Trial, predicted: tuple[int, ...], limit: int) -> None:
-        """Do not run a plan (a seed's too) predicted over the memory limit with the least runtime memory
-        that measured trials held beside their prediction."""
-        seen = [(t.user_attrs["peak_mem_bytes"], t.user_attrs["predicted_mem_bytes"]) for t in measured_trials(self.ctx.study)
-                if t.user_attrs.get("peak_mem_bytes") and t.user_attrs.get("predicted_mem_bytes")]
-        why = predicted_over(predicted, runtime_bytes(seen), limit)
-        if why:
-            trial.set_user_attr(OVER_MEMORY, why)
-            save_trial_note(trial, self.ctx.space.names, "predicted over the memory limit", None)
-            raise optuna.TrialPruned(why)
-
     def _maybe_over_device(self, trial: optuna.Trial, plan: SplitPlan) -> None:
         """Do not run a plan (a seed's too) with a rank predicted over ``--device-memory``, from the model on
-        meta before anything is built; its per-rank prediction is kept either way."""
-        assert self.ctx.memory_of is not None
-        pred = self.ctx.memory_of(plan)
+        meta and the runtime measured so far, before anything is built; its per-rank prediction is kept."""
+        pred = self.ctx.memory(plan)
+        assert pred is not None
         trial.set_user_attr("predicted_rank_bytes", [r.total for r in pred.ranks])
-        if pred.worst.total > pred.budget:
-            why = f"predicted: {pred.worst.describe()}, over --device-memory {format_size(pred.budget)}: not run"
+        trial.set_user_attr("predicted_runtime", [r.runtime for r in pred.ranks])
+        why = predicted_over(pred)
+        if why:
             trial.set_user_attr(OVER_MEMORY, why)
-            save_trial_note(trial, self.ctx.space.names, "predicted over the memory limit", None)
+            save_trial_note(trial, self.ctx.space.names, "predicted over the memory limit", None, self.ctx.metric.name,
+                            self.ctx.device_memory)
             raise optuna.TrialPruned(why)
 
     def _maybe_prune(self, trial: optuna.Trial, point: PlanPoint, machine: Machine | None) -> None:
@@ -210,10 +204,10 @@ class Objective:
             return
         done = []
         for t in measured_trials(ctx.study):
-            if t.state != optuna.trial.TrialState.COMPLETE or not t.user_attrs.get("predicted_speedup"):
+            if t.state != optuna.trial.TrialState.COMPLETE or not t.user_attrs.get("predicted_value"):
                 continue
             if machine is None:
-                done.append((float(speedup_of(t) or 0.0), float(t.user_attrs["predicted_speedup"])))
+                done.append((float(value_of(t) or 0.0), float(t.user_attrs["predicted_value"])))
             else:
                 try:
                     past = ctx.space.decode(t.params)
@@ -221,8 +215,8 @@ class Objective:
                     continue
                 if not ctx.priced(past):
                     continue
-                done.append((float(speedup_of(t) or 0.0), ctx.calibrated_speedup(past)))
-        predicted = ctx.calibrated_speedup(point)  # the raw model's while no calibration is fitted
+                done.append((float(value_of(t) or 0.0), ctx.calibrated_value(past)))
+        predicted = ctx.calibrated_value(point)  # the raw model's while no calibration is fitted
         why = prune_reason(predicted, done)
         if why:
             trial.set_user_attr("pruned_by", why + (" (calibrated)" if machine is not None else ""))
@@ -239,21 +233,25 @@ class Objective:
 
         with tempfile.TemporaryDirectory() as tmp:
             path = render(Timeline.from_result(result), Path(tmp) / f"timeline-trial{trial.number}.png",
-                          title=f"trial {trial.number}: {plan.describe()} - {result.speedup:.2f}x")
+                          title=f"trial {trial.number}: {plan.describe()} - {self.ctx.metric.fmt(self.ctx.metric.of(result))}")
             artifact_id = upload_artifact(artifact_store=self.ctx.artifacts, file_path=str(path),
                                           study_or_trial=trial, mimetype="image/png")
         trial.set_user_attr("timeline_artifact", artifact_id)
         return str(artifact_id)
 
 
-def result_attrs(result: TrialResult) -> dict[str, Any]:
-    """A trial's user attributes: a subset of the result's one JSON shape (``TrialResult.measured``)."""
+def result_attrs(result: TrialResult, metric: Metric) -> dict[str, Any]:
+    """A trial's user attributes: a subset of the result's one JSON shape (``TrialResult.measured``), and its
+    figure (``value``, per repeat ``repeat_values``) in the study's metric."""
     if not result.ok:
         return {"fail_reason": result.reason}
     m = result.measured()
     keep = ("speedup_spread", "serial_s", "pipeline_s", "stage_compute_s", "stage_comm_s", "boundary_bytes",
-            "peak_mem_bytes", "base_mem_bytes", "max_abs_diff", "check")
+            "peak_mem_bytes", "base_mem_bytes", "stage_bytes", "max_abs_diff", "check", "throughput",
+            "throughput_spread", "tokens_per_s")
+    speedup = {"speedup": result.speedup, "speedups": list(result.speedups)} if result.serial_s else {}
     return {**{k: m[k] for k in keep}, "measured_s": statistics.median(result.pipeline_s), "output_check": "ok",
-            "trial_wall_s": result.wall_s, "speedup": result.speedup, "speedups": list(result.speedups),
+            "trial_wall_s": result.wall_s, **speedup, "value": metric.of(result),
+            "repeat_values": metric.repeats(result),
             **({"breakdown": m["breakdown"]} if m.get("breakdown") else {}),
             **({"actions": result.extra["actions"]} if result.extra.get("actions") else {})}

@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
@@ -25,6 +25,8 @@ from search.config import DEFAULT_CHUNKS, DEFAULT_STORAGE, SearchConfig, default
 from search.confirm import Confirmation
 from search.context import SearchContext
 from search.coordination import others_running
+from search.fitting import device_fit
+from search.metric import Metric
 
 SPACE_VERSION = 2  # cuts as module names, proposed in order by search.sampler (1: integer cut_i + a constraint)
 EXAMPLES = """\
@@ -93,16 +95,18 @@ def build_parser(prog: str, description: str, epilog: str, *, sweep: bool = Fals
     s.add_argument("--no-prune", action="store_true",
                    help="measure every plan the sampler proposes (default: the cost model may skip a plan it predicts "
                    "clearly behind, at most 3 in a row)")
-    s.add_argument("--max-stage-memory", default=None, metavar="SIZE",
-                   help="largest peak memory a stage may use (4GiB, 512MiB): a plan predicted over it is not run, "
-                   "a measured plan over it is infeasible (kept with its figures, never declared best)")
-    s.add_argument("--device-memory", default=None, metavar="SIZE",
-                   help="memory each rank's device has (1.5GiB): every plan's per-rank peak is predicted from the "
-                   "model on meta and a plan over it is not run (pruned, with its prediction); the search times a "
-                   "serial baseline, so the whole model must fit it")
-    s.add_argument("--objectives", default=None, metavar="speedup[,memory]",
-                   help="speedup (default), or speedup,memory: a two-objective study (speedup up, the largest "
-                   "stage's peak memory down; no racing, one value per trial); the summary lists the Pareto front")
+    s.add_argument("--device-memory", "--max-stage-memory", dest="device_memory", default=None, metavar="SIZE",
+                   help="memory each rank's device has (1.5GiB, 512MiB): every plan's per-rank peak is predicted from the "
+                   "model on meta (and the runtime's own memory measured on earlier trials) and a plan over it is not "
+                   "run; a measured plan that peaked over it is infeasible (kept, never declared best). The model "
+                   "need not fit one device: then no serial baseline is timed and plans are ranked by throughput")
+    s.add_argument("--objective", choices=("speedup", "throughput"), default=None,
+                   help="the figure plans are ranked by: speedup over the serial model timed beside each run, or "
+                   "throughput (samples/s for the whole batch, no serial run); default speedup where the whole "
+                   "model fits --device-memory, throughput otherwise")
+    s.add_argument("--objectives", default=None, metavar="FIGURE[,memory]",
+                   help="speedup or throughput, optionally with ,memory: a two-objective study (the figure up, the "
+                   "largest stage's peak memory down; no racing, one value per trial); the summary lists the Pareto front")
     s.add_argument("--storage", default=DEFAULT_STORAGE, help=f"Optuna storage URL or journal file (default {DEFAULT_STORAGE})")
     if not sweep:
         s.add_argument("--study-name", default=None, help="default: <model>-s<stages>-b<batch>-<device>")
@@ -162,25 +166,6 @@ class StudyRun:
     storage_url: str
 
 
-def device_budget(cfg: SearchConfig, meta: Any, cands: Any, spec: Any) -> Callable[[SplitPlan], Any] | None:
-    """Each plan's per-rank prediction against ``--device-memory`` (None without it); one line before anything
-    starts where the whole model does not fit, since every trial times the serial model."""
-    if cfg.device_memory is None:
-        return None
-    from pipeline.models.footprint import leaf_outputs, predict_plan, require_whole_fits
-
-    leaves = leaf_outputs(meta, spec, cands)
-    require_whole_fits(meta, cands, spec, cfg.device_memory, "a search times the serial model beside every plan, so "
-                       "it cannot search this model yet; run plans with python -m pipeline.run --device-memory, which "
-                       "reports their throughput", mode=cfg.mode, optimizer=cfg.optimizer, device=cfg.device,
-                       leaves=leaves)
-
-    def memory_of(plan: SplitPlan) -> Any:
-        return predict_plan(plan, meta, cands, cfg.device_memory, leaves=leaves)
-
-    return memory_of
-
-
 def run_study(cfg: SearchConfig, *, references: bool = False) -> StudyRun:
     """Run or resume the study ``cfg`` describes, confirm, export; ``references`` confirms every
     reference policy beside the best (``search.sweep``)."""
@@ -214,12 +199,16 @@ def run_study(cfg: SearchConfig, *, references: bool = False) -> StudyRun:
     meta = build_meta_model(spec)
     cands = find_candidates(meta, spec, granularity)
     cands.check_stages(cfg.stages, spec.label)
-    memory_of = device_budget(cfg, meta, cands, spec)
     stages = cfg.stages
     choice = choose_layouts(cfg.schedules, cfg.stages_per_rank, ranks=stages, mode=cfg.mode,
                             chunks=choose_chunks(cfg.chunks, spec.batch_size, DEFAULT_CHUNKS),
                             segments=cands.max_stages)
     chunks = list(choice.chunks)
+    first = choice.layouts[0]
+    fit = device_fit(cfg.device_memory, meta, cands, spec, ranks=stages, chunks=max(first.chunks),
+                     schedule=first.schedule, per_rank=first.per_rank, mode=cfg.mode, optimizer=cfg.optimizer,
+                     device=device, backend=cfg.backend, objective=cfg.objective)
+    metric = Metric(name=fit.metric, batch=spec.batch_size)
     threads = cfg.threads_per_stage or default_threads(stages)
     trials = cfg.trials or (12 if stages == 2 else 14)
     if cfg.trials is None and cfg.budget_repeats is not None:
@@ -236,14 +225,14 @@ def run_study(cfg: SearchConfig, *, references: bool = False) -> StudyRun:
     config = {"model": spec.key, "stages": stages, "granularity": granularity, "device": device,
               "threads_per_stage": threads, "backend": cfg.backend, "schedule": ",".join(cfg.schedules),
               **({"stages_per_rank": list(cfg.stages_per_rank)} if cfg.stages_per_rank else {}), "space": SPACE_VERSION,
-              **({"max_stage_memory": cfg.max_stage_memory} if cfg.max_stage_memory else {}),
               **({"device_memory": cfg.device_memory} if cfg.device_memory else {}),
-              **({"objectives": list(cfg.objectives)} if len(cfg.objectives) > 1 else {}),
+              **({"objective": metric.name} if not metric.speedup else {}),
+              **({"objectives": [metric.name, "memory"]} if cfg.memory_objective else {}),
               **({"mode": "train", "optimizer": cfg.optimizer} if cfg.mode == "train" else {})}
     # failed trials are reported in one line by the search loop, not with optuna's traceback
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     # the sampler needs the profile: it replaces this placeholder once the profile is loaded
-    two = len(cfg.objectives) > 1
+    two = cfg.memory_objective
     study = optuna.create_study(study_name=name, storage=storage, load_if_exists=True,
                                 directions=["maximize", "minimize"] if two else ["maximize"],
                                 sampler=optuna.samplers.RandomSampler(seed=cfg.model.seed), pruner=RacingPruner())
@@ -259,8 +248,8 @@ def run_study(cfg: SearchConfig, *, references: bool = False) -> StudyRun:
 
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)  # stable API since 3.2 in practice
-            # the dashboard shows "speedup", not "Objective 0"
-            study.set_metric_names(["speedup", "peak_memory_MiB"] if two else ["speedup"])
+            # the dashboard shows "speedup" (or the throughput's name), not "Objective 0"
+            study.set_metric_names([metric.label, "peak_memory_MiB"] if two else [metric.label])
     extra: list[Path] = []
     asked = trials
     confirmation = None
@@ -269,7 +258,7 @@ def run_study(cfg: SearchConfig, *, references: bool = False) -> StudyRun:
         prof, cached = load_for_stages(spec, stages=stages, device=device, threads=threads, granularity=granularity,
                                        micro_sizes=[spec.batch_size // c for c in chunks],
                                        root=Path(cfg.profiles), repeats=2, pool=pool,
-                                       train=cfg.mode == "train")
+                                       train=cfg.mode == "train", streamed=not fit.serial_fits)
         study.set_user_attr("segments", [seg.fqn for seg in prof.segments])
         if prof.machine is not None:
             study.set_user_attr("ceiling", prof.machine.ceiling(stages))
@@ -286,7 +275,9 @@ def run_study(cfg: SearchConfig, *, references: bool = False) -> StudyRun:
         print(f"study {name} in {cfg.storage}: {len(cands.cuts)} cut points, chunks {chunks}, {space.size} plans, "
               f"{threads} thread(s)/rank, " + (f"{repeats} repeats per trial (racing, up to {cap})" if cap else
                                                 f"{repeats} repeats per trial") +
-              f"; profile {'from cache' if cached else 'measured'}", flush=True)
+              f"; profile {'from cache' if cached else 'measured'}"
+              + ("" if fit.serial_fits else " (streamed: the whole model does not fit --device-memory)")
+              + f"; ranked by {metric.words}", flush=True)
         if space.multi or choice.skipped:
             print(f"layouts: {', '.join(f'{lay.label} (chunks {list(lay.chunks)})' for lay in space.layouts)}"
                   + "".join(f"\n  left out: {why}" for why in choice.skipped), flush=True)
@@ -296,14 +287,17 @@ def run_study(cfg: SearchConfig, *, references: bool = False) -> StudyRun:
                             mode=cfg.mode, optimizer=cfg.optimizer,
                             repeats=repeats, repeat_cap=cap, budget_repeats=cfg.budget_repeats,
                             trial_timeout_s=cfg.trial_timeout_s, prune=cfg.prune,
-                            progress=cfg.progress, max_stage_memory=cfg.max_stage_memory, memory_objective=two,
-                            memory_of=memory_of,
+                            progress=cfg.progress, metric=metric, memory_objective=two,
+                            device_memory=cfg.device_memory, memory_of=fit.memory_of,
+                            first_runtime=fit.first_runtime, lean_cuts=fit.lean_cuts,
                             artifacts=artifacts, budget=trials, check_first_repeat=check_on_first_repeat(serial_s))
         model_best = [PlanPoint(cuts=p.cuts, chunks=p.chunks, layout=k) for k, lay in enumerate(space.layouts)
                       for p in ranked(prof, stages * lay.per_rank, list(lay.chunks))]
-        limit = cfg.max_stage_memory
+        limit = cfg.device_memory
+        model_best = [p for p in model_best if ctx.fits(p)]
         study.sampler = PlanSampler(space, ctx.predictor(), model_best, seed=cfg.model.seed,
-                                    constraints=None if limit is None else partial(constraint, limit=limit))
+                                    constraints=None if limit is None else partial(constraint, limit=limit),
+                                    fits=ctx.fits if limit is not None else None)
         save_study_note(study, study_note(config, space.size, study.user_attrs.get("ceiling")))
         try:
             seed_study(ctx, policies=references)
@@ -321,7 +315,8 @@ def run_study(cfg: SearchConfig, *, references: bool = False) -> StudyRun:
                 print(f"other workers are still measuring trials {busy}: the last one to finish confirms")
             else:
                 confirmation = confirm(study, pool, top=cfg.confirm_top, rounds=cfg.confirm_rounds, repeats=repeats,
-                                       timeout_s=cfg.trial_timeout_s, references=references, progress=cfg.progress)
+                                       timeout_s=cfg.trial_timeout_s, references=references, progress=cfg.progress,
+                                       metric=metric)
             if cfg.trace:
                 extra += _trace_best(ctx, confirmation, outdir / "traces")
         except KeyboardInterrupt:

@@ -53,10 +53,11 @@ class Measured:
     repeats: int = 1
 
 
-def _unseen_random(space: PlanSpace, seen: Collection[PlanPoint], rng: random.Random) -> PlanPoint | None:
+def _unseen_random(space: PlanSpace, seen: Collection[PlanPoint], rng: random.Random,
+                   fits: Callable[[PlanPoint], bool]) -> PlanPoint | None:
     for _ in range(RANDOM_TRIES):
         p = space.random_point(rng)
-        if p not in seen:
+        if p not in seen and fits(p):
             return p
     if space.size > 200_000:
         return None  # a huge space with this many seen plans: stop here rather than enumerate it
@@ -66,15 +67,17 @@ def _unseen_random(space: PlanSpace, seen: Collection[PlanPoint], rng: random.Ra
         for cuts in combinations(range(1, space.n), space.cut_count(k)):
             for m in space.layout_chunks(k):
                 p = PlanPoint(cuts=cuts, chunks=m, layout=k)
-                if p not in seen:
+                if p not in seen and fits(p):
                     return p
     return None
 
 
 def propose(space: PlanSpace, measured: Sequence[Measured], seen: Collection[PlanPoint],
             predict: Callable[[PlanPoint], float], model_best: Sequence[PlanPoint], rng: random.Random, *,
-            explore: float = EXPLORE, anchors: int = ANCHORS) -> PlanPoint | None:
-    """The next plan to measure (see the module's rule), or None when every plan has been tried."""
+            explore: float = EXPLORE, anchors: int = ANCHORS,
+            fits: Callable[[PlanPoint], bool] = lambda p: True) -> PlanPoint | None:
+    """The next plan to measure (see the module's rule), or None when every plan has been tried; ``fits``
+    (the memory limit) leaves out plans predicted not to fit, wherever they would come from."""
     if len(seen) >= space.size:
         return None
     ok = [m for m in measured if m.speedup == m.speedup and m.speedup > 0]
@@ -88,7 +91,7 @@ def propose(space: PlanSpace, measured: Sequence[Measured], seen: Collection[Pla
     weight = {m.point: m.repeats / (m.repeats + SHRINK) for m in ok}
     scored: dict[PlanPoint, float] = {}
     for p in model_best:
-        if space.valid(p) and p not in seen:
+        if space.valid(p) and p not in seen and fits(p):
             scored[p] = predict(p) * level.get(p.layout, overall)
     top = sorted(ok, key=lambda m: -m.speedup)[:anchors]
     for radius in range(1, space.n + 1 if top else 1):
@@ -96,13 +99,13 @@ def propose(space: PlanSpace, measured: Sequence[Measured], seen: Collection[Pla
             w = weight.get(m.point, 0.0)
             local = overall ** (1 - w) * ratios.get(m.point, overall) ** w
             for q in space.neighbours(m.point, radius):
-                if q not in seen and q not in scored:
+                if q not in seen and q not in scored and fits(q):
                     scored[q] = predict(q) * local
         if len(scored) >= 2 * space.stages or radius >= space.n:
             break
     roll = rng.random()
     if roll < explore / 4 or not scored:
-        far = _unseen_random(space, seen, rng)
+        far = _unseen_random(space, seen, rng, fits)
         if far is not None:
             return far
     if not scored:

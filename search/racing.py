@@ -49,9 +49,10 @@ def noise_cv(repeat_speedups: Sequence[Sequence[float]], default: float = DEFAUL
 
 
 def study_cv(study: optuna.Study) -> float:
-    """``noise_cv`` over the study's measured trials (their ``speedups`` user attribute)."""
-    return noise_cv([t.user_attrs["speedups"] for t in study.get_trials(deepcopy=False)
-                     if isinstance(t.user_attrs.get("speedups"), list)])
+    """``noise_cv`` over the study's measured trials (each one's figure per repeat, ``repeat_values``; a study
+    from before that attribute has ``speedups``)."""
+    got = (t.user_attrs.get("repeat_values", t.user_attrs.get("speedups")) for t in study.get_trials(deepcopy=False))
+    return noise_cv([v for v in got if isinstance(v, list)])
 
 
 def best_value(study: optuna.Study, exclude: int | None = None) -> float | None:
@@ -61,7 +62,7 @@ def best_value(study: optuna.Study, exclude: int | None = None) -> float | None:
 
 
 class RacingPruner(optuna.pruners.BasePruner):
-    """Prune a trial whose reported speedup so far is behind the best complete trial (``verdict``)."""
+    """Prune a trial whose reported figure (speedup or throughput) so far is behind the best complete trial (``verdict``)."""
 
     def __init__(self, z: float = Z) -> None:
         self.z = z

@@ -165,7 +165,17 @@ def markdown(title: str, rows: list[PolicyRow], *, plots: dict[str, str], meta: 
     lines = [f"# {title}", ""]
     lines.append(f"Model {meta.get('model')}, batch {meta.get('batch_size')}, {meta.get('device')}, "
                  f"{meta.get('threads')}; measured {meta.get('date', '')}.")
-    lines.append("Speedup = serial model on one stage's threads / pipeline, median of the confirmation round "
+    speedup = meta.get("objective", "speedup") == "speedup"
+
+    def fig(v: float) -> str:
+        return f"{v:.2f}x" if speedup else f"{v:.3g} samples/s"
+
+    if not speedup:
+        lines.append("Figures are throughput (samples/s for the whole batch, median of the confirmation round): the "
+                     "whole model does not fit --device-memory, so no serial model was timed and there is no speedup "
+                     "or S-fold ideal; the 'measured' and 'predicted' columns are samples/s.")
+    lines.append(("Speedup" if speedup else "Were the figure a speedup, it would be the") +
+                 " = serial model on one stage's threads / pipeline, median of the confirmation round "
                  "(every plan of a stage count re-measured in the same interleaved rounds); spread = min-max; "
                  "predicted = cost model (`-` for PiPPy's mid-block cut, which the block profile cannot price); "
                  "step s = one pipeline step (the trial's median), predicted beside measured; predicted peak memory "
@@ -177,26 +187,28 @@ def markdown(title: str, rows: list[PolicyRow], *, plots: dict[str, str], meta: 
         rs = [r for r in rows if r.stages == s]
         best = next((r for r in rs if r.best), None)
         pippy = next((r for r in rs if PIPPY in r.policies), None)
-        lines.append(f"## {s} stages (ideal {s}x)")
+        lines.append(f"## {s} stages" + (f" (ideal {s}x)" if speedup else ""))
         lines.append("")
         if best and pippy and best is pippy:
-            lines.append(f"The best plan is PiPPy's equal-size split: {best.measured:.2f}x, {best.measured / s:.0%} "
-                         "of the ideal.")
+            lines.append(f"The best plan is PiPPy's equal-size split: {fig(best.measured)}"
+                         + (f", {best.measured / s:.0%} of the ideal." if speedup else "."))
             lines.append("")
         elif best and pippy and pippy.measured > 0:
             overlap = best.spread[0] <= pippy.spread[1]
-            lines.append(f"Best {best.measured:.2f}x vs PiPPy's equal-size {pippy.measured:.2f}x: "
-                         f"{best.measured / pippy.measured:.2f}x better; {best.measured / s:.0%} of the ideal."
+            lines.append(f"Best {fig(best.measured)} vs PiPPy's equal-size {fig(pippy.measured)}: "
+                         f"{best.measured / pippy.measured:.2f}x better"
+                         + (f"; {best.measured / s:.0%} of the ideal." if speedup else ".")
                          + (" Their spreads overlap: the difference is within this machine's run-to-run noise."
                             if overlap else ""))
             lines.append("")
         lines.append(table(rs))
         lines.append("")
-        lines.append("Where each loses:")
-        lines.append("")
-        for r in sorted(rs, key=_sort_key):
-            lines.append(f"- {reading(r)}")
-        lines.append("")
+        if speedup:  # the losses are read against the S-fold ideal, which a throughput has not
+            lines.append("Where each loses:")
+            lines.append("")
+            for r in sorted(rs, key=_sort_key):
+                lines.append(f"- {reading(r)}")
+            lines.append("")
         for key in (f"timeline_best_s{s}", f"timeline_pippy_s{s}"):
             if key in plots:
                 lines.append(f"![{key}]({plots[key]})")

@@ -15,9 +15,10 @@ import time
 import optuna
 
 from search.context import SearchContext
-from search.coordination import claims, fail_stale, is_seed, measured_trials, repeats_spent, speedup_of, timed_share
+from search.coordination import claims, fail_stale, is_seed, measured_trials, repeats_spent, timed_share, value_of
 from search.objective import Objective, TrialFailed
 from search.seeds import layout_seeds, seeds
+from search.space import PlanPoint
 
 __all__ = ["IDLE_LIMIT", "exhausted_summary", "run_loop", "seed_count", "seed_study", "trial_repeats"]
 
@@ -58,12 +59,19 @@ def seed_study(ctx: SearchContext, *, policies: bool = False) -> None:
     if ctx.study.user_attrs.get("seeded"):
         return
     first = seeds(ctx.profile, ctx.cands, ctx.stages, list(ctx.space.layout_chunks(0)), policies=policies)
-    for s in first + layout_seeds(ctx.profile, ctx.space, ctx.schedule_optimum):
+    lean = tuple(PlanPoint(cuts=ctx.lean_cuts, chunks=m, layout=0) for m in ctx.space.layout_chunks(0)) \
+        if ctx.lean_cuts else ()
+    for s in first + layout_seeds(ctx.profile, ctx.space, lambda k: ctx.schedule_optimum(k, lean if k == 0 else ())):
         if s.cuts is not None:
-            params = ctx.space.encode(ctx.space.from_cuts(s.cuts, s.chunks, s.layout))
-            ctx.study.enqueue_trial(params, user_attrs={"source": s.source}, skip_if_exists=True)
+            point = ctx.space.from_cuts(s.cuts, s.chunks, s.layout)
+            plan = ctx.plan_for_cuts(point.cuts, point.chunks, point.layout)
         else:
             plan = ctx.plan(s.points or (), s.chunks)
+        # a reference predicted over --device-memory is kept as a trial pruned with its prediction (never built),
+        # so that the summary and the dashboard say why PiPPy's plan, say, was not measured
+        if s.cuts is not None:
+            ctx.study.enqueue_trial(ctx.space.encode(point), user_attrs={"source": s.source}, skip_if_exists=True)
+        else:
             ctx.study.enqueue_trial({}, user_attrs={"source": s.source, "fixed_plan": plan.to_dict()},
                                     skip_if_exists=True)
     ctx.study.set_user_attr("seeded", True)
@@ -111,8 +119,13 @@ def run_loop(ctx: SearchContext, trials: int, *, timeout: float | None = None, s
             waiting = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.WAITING,))
             if getattr(sampler, "exhausted", False) or (
                     not waiting and hasattr(sampler, "untried") and sampler.untried(study) == 0):
-                bar.write(f"stopping: nothing left to run, every one of the space's {ctx.space.size} plans has a "
-                          f"trial ({exhausted_summary(study)})")
+                left = sampler.untried(study) if hasattr(sampler, "untried") else 0
+                if left and ctx.device_memory is not None:
+                    bar.write(f"stopping: nothing left to run, the {left} plans without a trial are predicted over "
+                              f"--device-memory ({exhausted_summary(study)})")
+                else:
+                    bar.write(f"stopping: nothing left to run, every one of the space's {ctx.space.size} plans has "
+                              f"a trial ({exhausted_summary(study)})")
                 break
             if len(claims(study)) >= trials:
                 # other workers are measuring the last trials: wait for them (or for their staleness)
@@ -139,7 +152,11 @@ def run_loop(ctx: SearchContext, trials: int, *, timeout: float | None = None, s
             if last.state == optuna.trial.TrialState.FAIL and last.user_attrs.get("fail_reason"):
                 bar.write(f"trial {last.number} failed: {last.user_attrs['fail_reason']}")
             share = timed_share(study)
-            bar.set_postfix_str((f"best {speedup_of(best) or 0:.2f}x" if best else "best -") + f", {repeats_spent(study)} repeats"
+            peaks = last.user_attrs.get("peak_mem_bytes") or []
+            mem = (f", last peak {'/'.join(f'{p / 2**30:.2f}' for p in peaks)} GiB"
+                   + (f" of {ctx.device_memory / 2**30:.2f}" if ctx.device_memory else "")) if peaks else ""
+            bar.set_postfix_str((f"best {ctx.metric.fmt(value_of(best))}" if best else "best -")
+                                + f", {repeats_spent(study)} repeats" + mem
                                 + (f", {share:.0%} of trial time timing" if share is not None else ""), refresh=False)
             bar.set_description(f"trials (last: {last.user_attrs.get('source', '?')} {last.state.name.lower()})")
     finally:

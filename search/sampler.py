@@ -21,7 +21,7 @@ import optuna
 from optuna.distributions import BaseDistribution, CategoricalDistribution
 from optuna.trial import FrozenTrial, TrialState
 
-from search.coordination import MEASURED, speedup_of
+from search.coordination import MEASURED, value_of
 from search.proposals import EXPLORE, Measured, propose
 from search.space import Layout, PlanPoint, PlanSpace, best_first
 
@@ -65,7 +65,8 @@ def tried_points(study: optuna.Study, space: PlanSpace) -> tuple[list[Measured],
         seen.add(p)
         if not t.user_attrs.get(MEASURED):
             continue
-        speedup = speedup_of(t) if t.state == TrialState.COMPLETE else t.user_attrs.get("speedup")
+        speedup = value_of(t) if t.state == TrialState.COMPLETE else t.user_attrs.get("value",
+                                                                                     t.user_attrs.get("speedup"))
         if speedup is not None:
             measured.append(Measured(point=p, speedup=float(speedup), repeats=int(t.user_attrs.get("repeats", 1))))
     return measured, seen
@@ -76,10 +77,13 @@ class PlanSampler(optuna.samplers.BaseSampler):
 
     def __init__(self, space: PlanSpace, predict: Callable[[PlanPoint], float], model_best: Sequence[PlanPoint], *,
                  seed: int | None = None, explore: float = EXPLORE,
-                 constraints: Callable[[FrozenTrial], Sequence[float]] | None = None) -> None:
+                 constraints: Callable[[FrozenTrial], Sequence[float]] | None = None,
+                 fits: Callable[[PlanPoint], bool] | None = None) -> None:
         self.space = space
         self.constraints = constraints
-        """Optuna's constraints function (``--max-stage-memory``): stored with each finished trial."""
+        """Optuna's constraints function (``--device-memory``): stored with each finished trial."""
+        self.fits = fits or (lambda p: True)
+        """Whether a plan is predicted to fit ``--device-memory``: no other is proposed."""
         self.predict = predict
         self.model_best = list(model_best)
         self.explore = explore
@@ -108,7 +112,7 @@ class PlanSampler(optuna.samplers.BaseSampler):
             return {}
         measured, seen = tried_points(study, self.space)
         p = propose(self.space, measured, seen, self.predict, self._next_ranked(seen), self._rng,
-                    explore=self.explore)
+                    explore=self.explore, fits=self.fits)
         if p is None:  # another worker took the last plan between the loop's look and this ask
             self.exhausted = True
             best = max(measured, key=lambda m: m.speedup, default=None)

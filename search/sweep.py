@@ -163,7 +163,7 @@ def rows_for(stages: int, study: Any) -> list[Any]:
         pts = list(r.split_points)
         out.append(PolicyRow(stages=stages, source=r.source, trial=r.trial, best=conf is not None and r.trial == conf.best_trial,
                              split_points=tuple(pts), stage_ranges=tuple(stage_ranges(pts, segments)),
-                             chunks=r.chunks, predicted=r.predicted_speedup, measured=r.median, spread=r.spread,
+                             chunks=r.chunks, predicted=r.predicted, measured=r.median, spread=r.spread,
                              compute_s=compute, send_s=send, serial_s=float(detail.get("serial_s", float("nan"))),
                              **_memory_and_schedule(study.trials[r.trial].user_attrs, runtime)))
     confirmed = {r.trial for r in plans}
@@ -174,7 +174,8 @@ def rows_for(stages: int, study: Any) -> list[Any]:
         out.append(PolicyRow(stages=stages, source=str(t.user_attrs.get("source")), trial=t.number, best=False,
                              split_points=tuple(pts),
                              stage_ranges=tuple(stage_ranges(pts, segments)), chunks=int(t.user_attrs["chunks"]),
-                             predicted=t.user_attrs.get("predicted_speedup"), measured=float("nan"),
+                             predicted=t.user_attrs.get("predicted_value", t.user_attrs.get("predicted_speedup")),
+                             measured=float("nan"),
                              spread=(float("nan"), float("nan")), failed=str(t.user_attrs["fail_reason"])))
     return out
 
@@ -189,8 +190,8 @@ def write_report(studies: dict[int, Any], outdir: Path, *, spec: Any, device: st
     from pipeline.stage.timeline import Timeline, render
     from search import plots
     from search.confirm import Confirmation
-    from search.coordination import speedup_of
-    from search.export import timeline_runs
+    from search.coordination import value_of
+    from search.export import figure_label, timeline_runs
     from search.report import markdown
 
     outdir.mkdir(parents=True, exist_ok=True)
@@ -198,15 +199,16 @@ def write_report(studies: dict[int, Any], outdir: Path, *, spec: Any, device: st
     points = []
     for s, study in studies.items():
         for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)):
-            if t.user_attrs.get("measured") and t.user_attrs.get("predicted_speedup") is not None:
-                points.append((s, float(t.user_attrs["predicted_speedup"]), float(speedup_of(t) or 0.0)))
+            predicted = t.user_attrs.get("predicted_value", t.user_attrs.get("predicted_speedup"))
+            if t.user_attrs.get("measured") and predicted is not None:
+                points.append((s, float(predicted), float(value_of(t) or 0.0)))
     made: dict[str, str] = {}
     timelines: dict[str, Timeline] = {}
     for s, study in studies.items():
         for role, _, tl, row in timeline_runs(Confirmation.of(study)):
             label = "best" if role == "best" else "PiPPy equal-size"
             key = f"timeline_{role}_s{s}"
-            render(tl, outdir / f"{key}.png", title=f"{label}: {row.plan.describe()} - {row.detail['speedup']:.2f}x")
+            render(tl, outdir / f"{key}.png", title=f"{label}: {row.plan.describe()} - {figure_label(row.detail)}")
             made[key] = f"{key}.png"
             timelines[f"{s} stages, {label}"] = tl
     if rows:
@@ -223,7 +225,9 @@ def write_report(studies: dict[int, Any], outdir: Path, *, spec: Any, device: st
                      - {0})
     meta = {"model": spec.label, "batch_size": spec.batch_size, "device": device,
             "threads": f"{'/'.join(map(str, threads))} thread(s) per stage",
-            "date": time.strftime("%Y-%m-%d %H:%M"), "studies": {s: st.study_name for s, st in studies.items()}}
+            "date": time.strftime("%Y-%m-%d %H:%M"), "studies": {s: st.study_name for s, st in studies.items()},
+            "objective": next((str((st.user_attrs.get("config") or {}).get("objective", "speedup"))
+                               for st in studies.values()), "speedup")}
     text = markdown(title, rows, plots=made, meta=meta)
     report = write_text(outdir / "report.md", text)
     write_json(outdir / "sweep.json", {"meta": meta, "rows": [r.to_dict() for r in rows],

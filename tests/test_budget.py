@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from pipeline.core.budget import format_size, in_flight, parse_size, predict_memory
+from pipeline.core.budget import format_size, in_flight, leanest_cuts, parse_size, predict_memory
 from pipeline.core.errors import PipesplitError
 from pipeline.core.plan import SplitPlan, SplitPoint
 from pipeline.core.spec import ModelSpec
@@ -83,3 +83,39 @@ def test_a_plan_over_the_budget_is_one_line_naming_the_rank_and_the_fix():
                           budget=2**30)
     fits.check(_plan())
     assert fits.serial_fits
+
+
+@given(st.lists(st.tuples(st.integers(0, 2**30), st.integers(0, 2**20), st.integers(0, 2**18)), min_size=2, max_size=7),
+       st.integers(1, 4), st.sampled_from([1, 2, 8]), st.sampled_from(["infer", "train"]), st.integers(0, 2**30))
+def test_the_leanest_cuts_are_the_least_largest_rank_of_every_plan(segs, ranks, chunks, mode, serial):
+    """The dynamic programme against every plan of the same shape, each predicted by ``predict_memory``."""
+    import itertools
+
+    ranks = min(ranks, len(segs))
+    weights = [w for w, _, _ in segs]
+    out_sum = [s + m for _, s, m in segs]  # a segment's largest leaf output is part of its sum
+    out_max = [m for _, _, m in segs]
+    plan = _plan(ranks, chunks=chunks, mode=mode, schedule="1F1B" if mode == "train" and chunks >= ranks else "GPipe")
+    cuts, worst = leanest_cuts(plan, weights=weights, leaf_out_sum=out_sum, leaf_out_max=out_max, runtime=5,
+                               serial=serial)
+    best = None
+    for cand in itertools.combinations(range(1, len(segs)), ranks - 1):
+        bounds = [0, *cand, len(segs)]
+        stage_w = [sum(weights[a:b]) for a, b in zip(bounds, bounds[1:])]
+        stage_s = [sum(out_sum[a:b]) for a, b in zip(bounds, bounds[1:])]
+        stage_m = [max(out_max[a:b]) for a, b in zip(bounds, bounds[1:])]
+        got = predict_memory(plan, weights=stage_w, leaf_out_sum=stage_s, leaf_out_max=stage_m, runtime=5, budget=1,
+                             serial=False).ranks
+        top = max(r.total + (serial if r.rank == 0 else 0) for r in got)
+        best = top if best is None else min(best, top)
+    assert worst.total == best and len(cuts) == ranks - 1 and list(cuts) == sorted(set(cuts))
+
+
+def test_rank_0_holds_the_serial_model_beside_its_stage_where_the_baseline_is_timed():
+    plan = _plan(2)
+    kw = {"weights": [100, 300], "leaf_out_sum": [1, 1], "leaf_out_max": [1, 1], "runtime": 10, "budget": 10**6}
+    alone = predict_memory(plan, **kw)
+    timed = predict_memory(plan, serial=True, **kw)
+    assert timed.ranks[0].serial == alone.whole - 10 and timed.ranks[1] == alone.ranks[1]
+    assert timed.ranks[0].total == alone.ranks[0].total + alone.whole - 10
+    assert "the serial baseline's whole model" in timed.ranks[0].describe()

@@ -23,7 +23,7 @@ def test_flags_become_a_frozen_config():
     ({"repeats": 0}, "--repeats must be at least 1"),
     ({"timeout_s": -1}, "--timeout must be a positive number"),
     ({"min_trial_seconds": float("nan")}, "--min-trial-seconds must be 0 or more"),
-    ({"objectives": ("memory",)}, "--objectives memory is not one this search knows"),
+    ({"objective": "latency"}, "--objective latency is not one this search knows"),
     ({"backend": "pippy", "schedules": ("GPipe", "1F1B")}, "torchpippy runs only GPipe"),
 ])
 def test_bad_settings_are_one_line(kw, message):
@@ -37,3 +37,16 @@ def test_chunks_and_study_names():
         parse_chunks("a,b")
     assert default_study_name("m", 2, 8, "cpu", "block") == "m-s2-b8-cpu"
     assert default_study_name("m", 2, 8, "cpu", "layer") == "m-s2-b8-cpu-layer"
+
+
+@pytest.mark.parametrize("flags, objective, two", [
+    ([], None, False), (["--objective", "throughput"], "throughput", False),
+    (["--objectives", "throughput,memory"], "throughput", True), (["--objectives", "speedup"], "speedup", False),
+    (["--max-stage-memory", "2GiB"], None, False),
+])
+def test_the_ranked_figure_and_the_memory_objective_from_the_flags(flags, objective, two):
+    args = build_parser("p", "", "").parse_args(flags)
+    cfg = SearchConfig.from_args(args, 4)
+    assert (cfg.objective, cfg.memory_objective) == (objective, two)
+    if "--max-stage-memory" in flags:  # the older spelling of the one memory limit
+        assert cfg.device_memory == 2 * 2**30

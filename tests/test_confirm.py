@@ -6,8 +6,8 @@ from search.confirm import Confirmation, Confirmed
 
 
 def row(trial, source, speedups):
-    return Confirmed(trial=trial, source=source, split_points=("blocks.2",), chunks=4, search_speedup=1.5,
-                     speedups=tuple(speedups))
+    return Confirmed(trial=trial, source=source, split_points=("blocks.2",), chunks=4, search_value=1.5,
+                     values=tuple(speedups))
 
 
 def test_the_best_is_the_highest_median_and_pippy_is_found_in_merged_sources():
@@ -19,3 +19,13 @@ def test_the_best_is_the_highest_median_and_pippy_is_found_in_merged_sources():
     again = Confirmation.from_dict(c.to_dict())
     assert again == c and again.to_dict()["best_trial"] == 3
     assert Confirmation.from_dict(None) is None
+
+
+def test_a_round_kept_before_the_metric_was_named_reads_as_speedups():
+    old = {"rounds": 1, "repeats_per_run": 2, "plans": [{"trial": 4, "source": "tpe", "split_points": ["b.1"],
+                                                          "chunks": 2, "search_speedup": 1.4, "speedups": [1.5, 1.7],
+                                                          "predicted_speedup": 1.6}]}
+    c = Confirmation.from_dict(old)
+    assert c.metric == "speedup" and c.row(4).values == (1.5, 1.7) and c.row(4).predicted == 1.6
+    assert c.row(4).search_value == 1.4 and c.best_trial == 4
+    assert Confirmation.from_dict(c.to_dict()) == c

@@ -12,7 +12,16 @@ def test_a_trial_note_shows_the_plan_by_name_and_predicted_beside_measured():
     assert note.startswith("## Trial 7: measured (sampler)")
     assert "- stage 1: patch_embed..blocks.2" in note and "- stage 2: blocks.3..head" in note
     assert "| measured (median of 3 repeats) | 1.71x |" in note and "| predicted by the cost model | 1.90x |" in note
-    assert "200 MiB, 100 MiB" in note and "![measured timeline](/artifacts/1/7/abc)" in note
+    assert "rank 0: peak 200 MiB, rank 1: peak 100 MiB" in note and "![measured timeline](/artifacts/1/7/abc)" in note
+
+
+def test_a_throughput_trial_note_shows_samples_per_second_and_memory_against_the_budget():
+    attrs = {"source": "sampler", "split_points": ["blocks.3"], "chunks": 8, "value": 12.5, "repeats": 2,
+             "throughput_spread": [12.0, 13.0], "predicted_value": 11.0, "peak_mem_bytes": [900 * 2**20, 950 * 2**20],
+             "predicted_rank_bytes": [880 * 2**20, 940 * 2**20]}
+    note = trial_note(attrs, ["a", "blocks.3"], number=2, state="measured", metric="throughput", budget=2**30)
+    assert "| measured (median of 2 repeats) | 12.5 samples/s |" in note and "12 samples/s .. 13 samples/s" in note
+    assert "**Memory per rank** (of 1.00 GiB each): rank 0: peak 900 MiB, predicted 880 MiB" in note
 
 
 def test_a_raced_out_trial_says_why_and_a_seed_without_prediction_shows_a_dash():

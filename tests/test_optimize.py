@@ -7,7 +7,6 @@ import urllib.request
 
 import pytest
 
-from search.memory import format_size
 from search.optimize import main
 from tests.conftest import TINY_VIT_ARGS, dashboard
 
@@ -92,9 +91,13 @@ def test_dashboard_lists_the_study_and_its_trials(searched):
     (["--schedule", "GPipe,Zigzag"], "names Zigzag"),
     (["--schedule", "ZBVZeroBubble"], "ZBVZeroBubble trains only"),
     (["--stages-per-rank", "two"], "--stages-per-rank 'two' is not a list of integers"),
-    (["--max-stage-memory", "lots"], "--max-stage-memory 'lots' is not a positive size"),
+    (["--max-stage-memory", "lots"], "--device-memory 'lots' is not a positive size"),
     (["--device-memory", "lots"], "--device-memory 'lots' is not a positive size"),
-    (["--device-memory", "1MiB"], "over --device-memory 1 MiB: a search times the serial model beside every plan"),
+    (["--device-memory", "1MiB"], "into 2 stages fits --device-memory 1 MiB: the leanest one's rank"),
+    (["--max-stage-memory", "1MiB", "--mode", "train"], "a larger --device-memory: the runtime alone is about"),
+    (["--objective", "fastest"], "argument --objective: invalid choice"),
+    (["--objectives", "speedup,latency"], "--objectives speedup,latency is not one this search knows"),
+    (["--objective", "throughput", "--objectives", "speedup"], "--objective throughput and --objectives speedup disagree"),
 ])
 def test_bad_input_exits_non_zero_with_one_line(tmp_path, capsys, extra, message):
     args = [*TINY_VIT_ARGS, "--stages", "2", "--storage", f"sqlite:///{tmp_path}/o.db", "--results-dir",
@@ -187,33 +190,51 @@ def test_a_search_over_schedules_prices_each_layout_by_its_own_action_order(tmp_
     assert "Interleaved1F1B/V2" in next(tmp_path.glob("*/summary.md")).read_text()
 
 
-def test_a_training_plan_over_the_memory_limit_is_not_run_or_is_infeasible_with_its_measured_peak(tmp_path, capsys):
+BIG_LLAMA = {"num_hidden_layers": 6, "hidden_size": 1024, "intermediate_size": 4096, "num_attention_heads": 4,
+             "num_key_value_heads": 4, "vocab_size": 8000}
+"""430 MiB of fp32 weights in 6 blocks of 64 MiB: the whole model is over a budget of the runtime + 340 MiB,
+the leanest 2-stage plan (about 230 MiB of stage) fits it, and a plan cut after the first block (420) does not."""
+
+
+def test_a_model_over_the_device_memory_is_searched_by_throughput_and_a_plan_over_it_never_runs(tmp_path, capsys):
+    import json
+
     import optuna
 
-    args = [*TINY_VIT_ARGS, "--stages", "2", "--chunks", "2", "--trials", "2", "--repeats", "1", "--mode", "train",
-            "--min-trial-seconds", "0", "--confirm-top", "1", "--confirm-rounds", "1", "--threads-per-stage", "1",
-            "--no-progress", "--no-artifacts", "--max-stage-memory", "1MiB", "--storage",
-            f"sqlite:///{tmp_path}/o.db", "--results-dir", str(tmp_path)]
-    assert main(args) == 0
-    study = optuna.load_study(study_name=None, storage=f"sqlite:///{tmp_path}/o.db")
-    over = [t for t in study.trials if t.user_attrs.get("over_memory")]
-    assert over and all(t.state == optuna.trial.TrialState.PRUNED for t in over)
-    unrun = [t for t in over if t.user_attrs["over_memory"].startswith("predicted")]
-    assert unrun and all("repeats" not in t.user_attrs and not t.user_attrs.get("measured") for t in unrun)
-    assert all(t.user_attrs["predicted_by"] == "replay" and t.user_attrs["predicted_mem_bytes"] for t in unrun)
-    # PiPPy's plan may cut mid-block, where the model has no segment to price: it runs, and is over when measured
-    for t in (t for t in over if t not in unrun):
-        peak = max(t.user_attrs["peak_mem_bytes"])
-        assert f"peaked at {format_size(peak)}, over --max-stage-memory 1 MiB" in t.user_attrs["over_memory"]
-        assert t.system_attrs["constraints"][0] == pytest.approx((peak - 2**20) / 2**20)  # > 0: infeasible
-    assert not list(tmp_path.glob("*/best_split.json"))
+    from pipeline.models.build import resolve_spec
+    from pipeline.models.footprint import rank_runtime
+
+    spec = resolve_spec("hf:llama", kwargs=BIG_LLAMA, batch_size=4, seq_len=16)
+    budget = rank_runtime(json.dumps(spec.to_dict(), sort_keys=True), "block", "cpu") + 340 * 2**20
+    args = ["--model", "hf:llama", "--model-kwargs", json.dumps(BIG_LLAMA), "--batch-size", "4", "--seq-len", "16",
+            "--stages", "2", "--chunks", "2,4", "--trials", "3", "--repeats", "1", "--min-trial-seconds", "0",
+            "--confirm-top", "1", "--confirm-rounds", "1", "--threads-per-stage", "1", "--no-progress",
+            "--no-artifacts", "--no-prune", "--device-memory", str(budget), "--storage", f"sqlite:///{tmp_path}/o.db",
+            "--results-dir", str(tmp_path)]
+    # a plan the sampler never proposes (its stage 2 holds five blocks and the head), enqueued by hand first
+    study = optuna.create_study(study_name="big", storage=f"sqlite:///{tmp_path}/o.db", direction="maximize")
+    study.enqueue_trial({"cut_1": "model.layers.0", "chunks": 2}, user_attrs={"source": "by hand"})
+    assert main([*args, "--study-name", "big"]) == 0
     out = capsys.readouterr().out
-    assert "No measured plan fits it" in out and "stopping: nothing left to run" in out
-    assert "predicted over --max-stage-memory and not run): every one was tried, each once" in out
-    # at most one trial per plan besides the seeds: a plan pruned for memory is never proposed again
-    proposed = [t.params for t in study.trials if not t.user_attrs["source"].startswith(("pippy", "costmodel"))]
-    assert len(proposed) <= study.user_attrs["space_size"]
-    assert len({tuple(sorted(p.items())) for p in proposed}) == len(proposed)
+    assert study.metric_names == ["throughput_samples_per_s"]
+    assert study.user_attrs["config"]["objective"] == "throughput" and "streamed" in out
+    unrun = [t for t in study.trials if str(t.user_attrs.get("over_memory", "")).startswith("predicted")]
+    assert [t.user_attrs["source"] for t in unrun] == ["by hand"]
+    assert all("repeats" not in t.user_attrs and not t.user_attrs.get("measured") and
+               max(t.user_attrs["predicted_rank_bytes"]) > budget for t in unrun)
+    measured = [t for t in study.trials if t.user_attrs.get("measured")]
+    assert measured and all("speedup" not in t.user_attrs and t.user_attrs["throughput"] > 0 for t in measured)
+    for t in measured:  # a measured plan over the budget is infeasible, never complete
+        over = max(t.user_attrs["peak_mem_bytes"]) > budget
+        assert (t.state == optuna.trial.TrialState.PRUNED) == over and bool(t.user_attrs.get("over_memory")) == over
+        assert len(t.user_attrs["predicted_rank_bytes"]) == 2 and t.values is None or t.values[0] > 0
+    summary = next(tmp_path.glob("*/summary.md")).read_text()
+    assert "ranked by throughput" in summary and "predicted MiB per stage" in summary
+    assert "Predicted / measured peak per rank" in summary
+    best = list(tmp_path.glob("*/best_split.json"))
+    if best:
+        doc = json.loads(best[0].read_text())
+        assert doc["measured"]["objective"] == "throughput" and doc["measured"]["throughput"] > 0
 
 
 def test_a_two_objective_study_keeps_speedup_and_peak_memory_and_lists_its_pareto_front(tmp_path, capsys):

@@ -29,13 +29,13 @@ def test_noise_cv_needs_three_trials():
     assert noise_cv([[1.0, 1.0], [2.0, 2.0], [1.0, 1.0, 1.0]]) == 0.0
 
 
-def _fake_objective(speedup_of):
+def _fake_objective(value_of):
     """A fake noisy plan: reports its speedup after each repeat, as the search's trials do."""
     def objective(trial):
         x = trial.suggest_categorical("plan", ["good", "bad"])
         values = []
         for k in range(1, 7):
-            values.append(speedup_of[x])
+            values.append(value_of[x])
             trial.set_user_attr("speedups", list(values))
             trial.report(sum(values) / len(values), step=k)
             if trial.should_prune():

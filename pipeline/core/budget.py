@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from pipeline.core.errors import PipesplitError
 from pipeline.core.plan import SplitPlan
 
-__all__ = ["UNITS", "MemoryPrediction", "RankMemory", "format_size", "in_flight", "parse_size", "predict_memory"]
+__all__ = ["UNITS", "MemoryPrediction", "RankMemory", "format_size", "in_flight", "leanest_cuts", "parse_size",
+           "predict_memory"]
 
 UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "m": 1000**2, "mb": 1000**2, "g": 1000**3, "gb": 1000**3,
          "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40, "tb": 1000**4}
@@ -58,15 +59,19 @@ class RankMemory:
     """Gradients and optimizer state (training)."""
     activations: int
     runtime: int
+    serial: int = 0
+    """The whole model (and its step's activations) that rank 0 also holds to time the serial baseline."""
 
     @property
     def total(self) -> int:
-        return self.weights + self.train_state + self.activations + self.runtime
+        return self.weights + self.train_state + self.activations + self.runtime + self.serial
 
     def describe(self) -> str:
         parts = [f"weights {format_size(self.weights)}"]
         if self.train_state:
             parts.append(f"gradients and optimizer state {format_size(self.train_state)}")
+        if self.serial:
+            parts.append(f"the serial baseline's whole model {format_size(self.serial)}")
         parts += [f"activations {format_size(self.activations)}", f"runtime {format_size(self.runtime)}"]
         return f"rank {self.rank} needs about {format_size(self.total)} ({', '.join(parts)})"
 
@@ -105,26 +110,88 @@ class MemoryPrediction:
     def to_dict(self) -> dict[str, object]:
         return {"budget": self.budget, "whole": self.whole,
                 "ranks": [{"rank": r.rank, "weights": r.weights, "train_state": r.train_state,
-                           "activations": r.activations, "runtime": r.runtime, "total": r.total} for r in self.ranks]}
+                           "activations": r.activations, "runtime": r.runtime, "serial": r.serial, "total": r.total}
+                          for r in self.ranks]}
 
 
-def predict_memory(plan: SplitPlan, *, weights: Sequence[int], leaf_out_sum: Sequence[int], leaf_out_max: Sequence[int],
-                   runtime: int, budget: int) -> MemoryPrediction:
-    """Each rank's peak from its stages' bytes (per stage: weights, per-sample leaf outputs summed and largest)."""
+def _rank(plan: SplitPlan, r: int, *, w: int, out_sum: int, out_max: Sequence[int], last_out_max: int | None,
+          runtime: int) -> RankMemory:
+    """Rank ``r``'s peak from its stages' weights, summed per-sample leaf outputs and each stage's largest one;
+    ``last_out_max`` is the last stage's largest output where the rank holds it."""
     train = plan.mode == "train"
     state = 1 + OPTIMIZER_STATES.get(plan.optimizer, 2) if train else 0
     micro = max(1, plan.model.batch_size // plan.chunks)
+    if train:
+        act = out_sum * micro * in_flight(plan, r)
+    else:  # a stage's input and output per microbatch
+        act = sum(3 * m * micro for m in out_max)
+    if last_out_max is not None:  # the batch's output twice (per microbatch, merged) and the check's reference
+        act += 3 * last_out_max * plan.model.batch_size
+    return RankMemory(rank=r, weights=w, train_state=w * state, activations=act, runtime=runtime)
+
+
+def predict_memory(plan: SplitPlan, *, weights: Sequence[int], leaf_out_sum: Sequence[int], leaf_out_max: Sequence[int],
+                   runtime: int, budget: int, serial: bool = False) -> MemoryPrediction:
+    """Each rank's peak from its stages' bytes (per stage: weights, per-sample leaf outputs summed and largest);
+    ``serial``: rank 0 also holds the whole model, to time the serial baseline beside the pipeline."""
+    train = plan.mode == "train"
+    state = 1 + OPTIMIZER_STATES.get(plan.optimizer, 2) if train else 0
     ranks = []
     for r in range(plan.ranks):
         held = plan.rank_stages(r)
-        w = sum(weights[s] for s in held)
-        if train:
-            act = sum(leaf_out_sum[s] for s in held) * micro * in_flight(plan, r)
-        else:  # a stage's input and output per microbatch
-            act = sum(3 * leaf_out_max[s] * micro for s in held)
-        if plan.stages - 1 in held:  # the batch's output twice (per microbatch, merged) and the check's reference
-            act += 3 * leaf_out_max[plan.stages - 1] * plan.model.batch_size
-        ranks.append(RankMemory(rank=r, weights=w, train_state=w * state, activations=act, runtime=runtime))
+        last = plan.stages - 1
+        ranks.append(_rank(plan, r, w=sum(weights[s] for s in held), out_sum=sum(leaf_out_sum[s] for s in held),
+                           out_max=[leaf_out_max[s] for s in held],
+                           last_out_max=leaf_out_max[last] if last in held else None, runtime=runtime))
     total_w = sum(weights)
     whole_act = (sum(leaf_out_sum) if train else 3 * max(leaf_out_max, default=0)) * plan.model.batch_size
-    return MemoryPrediction(ranks=tuple(ranks), whole=total_w * (1 + state) + whole_act + runtime, budget=budget)
+    alone = total_w * (1 + state) + whole_act
+    if serial and ranks:
+        ranks[0] = replace(ranks[0], serial=alone)
+    return MemoryPrediction(ranks=tuple(ranks), whole=alone + runtime, budget=budget)
+
+
+def leanest_cuts(plan: SplitPlan, *, weights: Sequence[int], leaf_out_sum: Sequence[int],
+                 leaf_out_max: Sequence[int], runtime: int, serial: int = 0) -> tuple[tuple[int, ...], RankMemory]:
+    """The cuts of ``len(weights)`` segments into ``plan.ranks`` contiguous stages (one per rank) whose largest
+    rank is predicted smallest, and that rank: the least memory any plan of this shape can need (exact, by
+    dynamic programming over where each stage ends; the plan's chunks, mode and schedule as given; ``serial``
+    bytes of the serial baseline's whole model on rank 0)."""
+    n, ranks = len(weights), plan.ranks
+    if not 1 <= ranks <= n:
+        raise ValueError(f"cannot cut {n} segments into {ranks} stages")
+    pw = [0]
+    ps = [0]
+    for w, o in zip(weights, leaf_out_sum):
+        pw.append(pw[-1] + w)
+        ps.append(ps[-1] + o)
+
+    def cost(r: int, a: int, b: int) -> RankMemory:
+        top = max(leaf_out_max[a:b])
+        last = top if b == n else None  # the last stage's output, counted as predict_memory counts it
+        got = _rank(plan, r, w=pw[b] - pw[a], out_sum=ps[b] - ps[a], out_max=[top],
+                    last_out_max=last, runtime=runtime)
+        return replace(got, serial=serial) if r == 0 and serial else got
+
+    inf = float("inf")
+    # best[r][b]: the least largest rank over the first r stages covering segments [0, b)
+    best: list[list[float]] = [[inf] * (n + 1) for _ in range(ranks + 1)]
+    back: list[list[int]] = [[0] * (n + 1) for _ in range(ranks + 1)]
+    best[0][0] = 0
+    for r in range(1, ranks + 1):
+        for b in range(r, n - (ranks - r) + 1):
+            for a in range(r - 1, b):
+                if best[r - 1][a] == inf:
+                    continue
+                v = max(best[r - 1][a], cost(r - 1, a, b).total)
+                if v < best[r][b]:
+                    best[r][b], back[r][b] = v, a
+    cuts: list[int] = []
+    b = n
+    for r in range(ranks, 0, -1):
+        b = back[r][b]
+        cuts.append(b)
+    bounds = [*reversed(cuts[:-1]), n]
+    starts = [0, *bounds[:-1]]
+    worst = max((cost(r, a, e) for r, (a, e) in enumerate(zip(starts, bounds))), key=lambda m: m.total)
+    return tuple(bounds[:-1]), worst

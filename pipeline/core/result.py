@@ -184,8 +184,13 @@ class TrialResult:
         return self.plan.model.batch_size / p if p > 0 else float("nan")
 
     @property
+    def throughputs(self) -> list[float]:
+        """Samples per second of each timed repeat."""
+        return [self.plan.model.batch_size / p for p in self.pipeline_s if p > 0]
+
+    @property
     def throughput_spread(self) -> tuple[float, float]:
-        s = [self.plan.model.batch_size / p for p in self.pipeline_s if p > 0]
+        s = self.throughputs
         return (min(s), max(s)) if s else (float("nan"), float("nan"))
 
     @property

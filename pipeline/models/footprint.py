@@ -8,21 +8,24 @@ leaves' inputs and outputs) and their largest (what an inference step holds at o
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 from dataclasses import dataclass
 
 import torch
 from torch.utils._pytree import tree_flatten
 
-from pipeline.core.budget import MemoryPrediction, predict_memory
-from pipeline.core.plan import SplitPlan
+from pipeline.core.budget import MemoryPrediction, RankMemory, format_size, leanest_cuts, predict_memory
+from pipeline.core.errors import PipesplitError
+from pipeline.core.plan import SplitPlan, SplitPoint
 from pipeline.core.spec import ModelSpec
 from pipeline.models.batch import example_input, rows
 from pipeline.models.candidates import Candidates
 from pipeline.models.meta import MetaModel
 from pipeline.models.weights import with_forward
 
-__all__ = ["StageBytes", "default_budget", "leaf_outputs", "predict_plan", "require_whole_fits", "resident_bytes",
-           "stage_bytes"]
+__all__ = ["StageBytes", "default_budget", "leaf_outputs", "leanest", "predict_plan", "require_fitting_plan",
+           "rank_runtime", "require_whole_fits", "resident_bytes", "segment_bytes", "stage_bytes"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -91,6 +94,42 @@ def resident_bytes() -> int:
     return 0
 
 
+_PROBE = """
+import json, sys
+import torch, torch.distributed, torch._dynamo, torch.export
+import pipeline.stage.trial
+from pipeline.core.spec import ModelSpec
+from pipeline.models.build import build_meta_model
+from pipeline.models.candidates import find_candidates
+from pipeline.models.fake import fake_model
+from pipeline.models.footprint import resident_bytes
+spec = ModelSpec.from_dict(json.loads(sys.argv[1]))
+meta = build_meta_model(spec)
+find_candidates(meta, spec, sys.argv[2])
+fake_model(meta, torch.device("cpu"))
+print(resident_bytes())
+"""
+
+
+@functools.lru_cache(maxsize=4)
+def rank_runtime(spec_json: str, granularity: str = "block", device: str = "cpu") -> int:
+    """A stage rank's own memory before it makes its stage real: a fresh interpreter that imports what a rank
+    imports and builds the model on meta and its fake-tensor copy, its resident memory (CPU; 0 on CUDA,
+    where the peak measured is what torch allocates). A search replaces it with what measured trials held
+    once it has any: a rank's process group and traces add to it (about 150 MiB for a small LLM here)."""
+    if device == "cuda":
+        return 0
+    import subprocess
+    import sys
+
+    try:
+        out = subprocess.run([sys.executable, "-c", _PROBE, spec_json, granularity], capture_output=True, text=True,
+                             timeout=600, check=True)
+        return int(out.stdout.split()[-1])
+    except (OSError, subprocess.SubprocessError, ValueError, IndexError):
+        return resident_bytes()  # this process imports the same stack, and more
+
+
 def _available_bytes() -> int:
     try:
         with open("/proc/meminfo") as f:
@@ -113,25 +152,24 @@ def default_budget(device: str, ranks: int) -> int:
 
 
 def predict_plan(plan: SplitPlan, meta: MetaModel, cands: Candidates, budget: int | None = None,
-                 runtime: int | None = None, leaves: dict[int, int] | None = None) -> MemoryPrediction:
+                 runtime: int | None = None, leaves: dict[int, int] | None = None,
+                 serial: bool = False) -> MemoryPrediction:
     """Each rank's predicted peak for ``plan`` against ``budget`` (default: ``default_budget``); the runtime
     is this process's resident memory on CPU (a rank imports the same stack), 0 on CUDA (where the peak
-    measured is what torch allocates). ``leaves`` (``leaf_outputs``) saves a forward per plan."""
+    measured is what torch allocates). ``leaves`` (``leaf_outputs``) saves a forward per plan; ``serial``:
+    rank 0 also holds the whole model to time the serial baseline."""
     sb = stage_bytes(meta, plan.model, cands, plan, leaves)
     if runtime is None:
         runtime = 0 if plan.device == "cuda" else resident_bytes()
     return predict_memory(plan, weights=sb.weights, leaf_out_sum=sb.leaf_out_sum, leaf_out_max=sb.leaf_out_max,
-                          runtime=runtime, budget=default_budget(plan.device, plan.ranks) if budget is None else budget)
+                          runtime=runtime, budget=default_budget(plan.device, plan.ranks) if budget is None else budget,
+                          serial=serial)
 
 
 def require_whole_fits(meta: MetaModel, cands: Candidates, spec: ModelSpec, budget: int, why: str, *,
                        mode: str = "infer", optimizer: str = "adamw", device: str = "cpu",
                        leaves: dict[int, int] | None = None) -> MemoryPrediction:
     """The whole model's prediction on one device; one line saying ``why`` it must fit where it does not."""
-    from pipeline.core.budget import format_size
-    from pipeline.core.errors import PipesplitError
-    from pipeline.core.plan import SplitPoint
-
     probe = SplitPlan(model=spec, split_points=(SplitPoint(cands.cuts[0]),), chunks=1, mode=mode, optimizer=optimizer,
                       device=device)
     whole = predict_plan(probe, meta, cands, budget, leaves=leaves)
@@ -139,3 +177,53 @@ def require_whole_fits(meta: MetaModel, cands: Candidates, spec: ModelSpec, budg
         raise PipesplitError(f"the whole {spec.label} needs about {format_size(whole.whole)} on one device, over "
                              f"--device-memory {format_size(budget)}: {why}")
     return whole
+
+
+def segment_bytes(meta: MetaModel, spec: ModelSpec, cands: Candidates, leaves: dict[int, int] | None = None,
+                  dtype: str | None = None) -> StageBytes:
+    """Every candidate segment's bytes (a plan cut at every block), at ``dtype`` (default the spec's): what the
+    leanest plan of any stage count is found from without a prediction per plan."""
+    spec = spec if dtype is None else dataclasses.replace(spec, dtype=dtype)
+    every = SplitPlan(model=spec, split_points=tuple(SplitPoint(c) for c in cands.cuts), chunks=1)
+    return stage_bytes(meta, spec, cands, every, leaves)
+
+
+def leanest(plan: SplitPlan, seg: StageBytes, runtime: int, serial: int = 0) -> tuple[tuple[int, ...], RankMemory]:
+    """The block cuts (segment indices) of the plan's ranks whose largest rank needs least, and that rank."""
+    return leanest_cuts(plan, weights=seg.weights, leaf_out_sum=seg.leaf_out_sum, leaf_out_max=seg.leaf_out_max,
+                        runtime=runtime, serial=serial)
+
+
+def require_fitting_plan(plan: SplitPlan, meta: MetaModel, cands: Candidates, budget: int, runtime: int,
+                         leaves: dict[int, int] | None = None, serial: int = 0) -> tuple[int, ...]:
+    """The leanest block cuts for ``plan``'s shape (ranks, chunks, mode) where its largest rank fits ``budget``
+    (``serial``: bytes of the whole model rank 0 holds to time a serial baseline); else one line, before anything
+    is built or profiled, naming the fewest ranks or the dtype at which one would."""
+    leaves = leaf_outputs(meta, plan.model, cands) if leaves is None else leaves
+    seg = segment_bytes(meta, plan.model, cands, leaves)
+    if plan.stages_per_rank > 1 or plan.ranks > len(seg.weights):
+        return ()  # round-robin stages: each plan is checked as it comes
+    cuts, worst = leanest(plan, seg, runtime, serial)
+    if worst.total <= budget:
+        return cuts
+    fixes = []
+    if serial and leanest(plan, seg, runtime)[1].total <= budget:
+        fixes.append("--objective throughput (no serial model beside the pipeline on rank 0)")
+    for ranks in range(plan.ranks + 1, len(seg.weights) + 1):
+        more = dataclasses.replace(plan, split_points=tuple(SplitPoint(c) for c in cands.cuts[:ranks - 1]))
+        _, w = leanest(more, seg, runtime, serial)
+        if w.total <= budget:
+            fixes.append(f"--stages {ranks} (its leanest plan's largest rank: about {format_size(w.total)})")
+            break
+    if plan.model.dtype == "float32":
+        half = dataclasses.replace(plan.model, dtype="bfloat16")
+        _, w = leanest(dataclasses.replace(plan, model=half), segment_bytes(meta, plan.model, cands, leaves,
+                                                                            "bfloat16"), runtime, serial // 2)
+        if w.total <= budget:
+            fixes.append(f"--dtype bfloat16 (about {format_size(w.total)})")
+    if runtime >= budget:
+        fixes.append(f"a larger --device-memory: the runtime alone is about {format_size(runtime)}")
+    raise PipesplitError(
+        f"no split of {plan.model.label} into {plan.ranks} stages fits --device-memory {format_size(budget)}: the "
+        f"leanest one's {worst.describe()}; nothing was run. Use " + (" or ".join(fixes) if fixes else
+                                                                      "a smaller model, batch or --device-memory"))

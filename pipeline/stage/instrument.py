@@ -16,21 +16,12 @@ import torch
 from torch import nn
 from torch.utils._pytree import tree_leaves
 
+from pipeline.stage.reference import trim_heap
+
 Span = tuple[int, float, float]
 """(microbatch, start, end) seconds from a run's start."""
 CommSpan = tuple[str, float, float]
 """(kind, start, end): ``send`` (post), ``send_wait``, ``recv`` (post to end of wait)."""
-
-
-def _trim() -> None:
-    """Hand freed heap back to the OS (glibc's malloc_trim), so that the resident size a peak starts from
-    is what is held, not what an earlier step (the serial model's, on rank 0) freed."""
-    try:
-        import ctypes
-
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):
-        pass
 
 
 class Peak:
@@ -47,7 +38,7 @@ class Peak:
             torch.cuda.reset_peak_memory_stats(self.device)
             self.base = int(torch.cuda.memory_allocated(self.device))
             return
-        _trim()
+        trim_heap()  # the resident size a peak starts from is what is held, not what an earlier step freed
         try:
             with open("/proc/self/clear_refs", "w") as f:
                 f.write("5")

@@ -131,6 +131,10 @@ class SegmentReply:
     """Training profiles: of those, the bytes per sample that are the segment's own input."""
     saved_output_bytes: tuple[int, ...] = ()
     """Training profiles: of those, the bytes per sample that are the segment's own output."""
+    peak_mem_bytes: int = 0
+    """Streamed profiles: this rank's peak memory while it timed every segment (0 where not measured)."""
+    base_mem_bytes: int = 0
+    """Streamed profiles: what it held as it started (the peak less this is what the segments made real)."""
     largest_param_bytes: tuple[int, ...] = ()
     """Each segment's largest parameter (the gradient a backward adds to before freeing its own)."""
 

@@ -29,6 +29,7 @@ from pipeline.models.meta import MetaModel
 from pipeline.models.weights import empty_copy, materialise_module
 from pipeline.stage.build import name_in, use_codegen
 from pipeline.stage.costs import SavedBytes, backward_times, optimizer_time, saved_bytes
+from pipeline.stage.instrument import Peak
 from pipeline.stage.messages import SegmentReply
 from pipeline.stage.reference import release
 
@@ -107,6 +108,8 @@ def time_streamed(meta: MetaModel, cands: Candidates, spec: ModelSpec, *, micro:
                   train: bool, sync: Callable[[], None]) -> SegmentReply:
     """Each segment's median forward seconds per microbatch size (and in training its backward halves, optimizer
     step and saved bytes), one segment real at a time."""
+    peak = Peak(device)
+    peak.reset()
     fake = fake_model(meta, device)
     x_all = example_input(spec, device)
     n = len(cands.blocks)
@@ -177,4 +180,5 @@ def time_streamed(meta: MetaModel, cands: Candidates, spec: ModelSpec, *, micro:
                         param_bytes=tuple(params), backward_s=bwd, optimizer_s=tuple(opt),
                         saved_bytes=tuple(v.total // top for v in saved),
                         saved_input_bytes=tuple(v.inputs // top for v in saved),
-                        saved_output_bytes=tuple(v.outputs // top for v in saved), largest_param_bytes=tuple(largest))
+                        saved_output_bytes=tuple(v.outputs // top for v in saved), largest_param_bytes=tuple(largest),
+                        peak_mem_bytes=peak.read(), base_mem_bytes=peak.base)

@@ -15,6 +15,7 @@ The other ranks wait in a barrier while rank 0 times the serial model, so it has
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import socket
@@ -35,7 +36,7 @@ from pipeline.stage.build import BuiltStage, build_stage, name_in, other_backend
 from pipeline.stage.instrument import CommClock, CommSpan, ComputeClock, Span, hook_pippy_p2p, quiet_stderr, since
 from pipeline.stage.messages import ErrorReply, TrialOptions, TrialReply
 from pipeline.stage.rank import RankState
-from pipeline.stage.reference import streamed_output, streamed_step
+from pipeline.stage.reference import release, streamed_output, streamed_step, trim_heap
 from pipeline.stage.training import SerialTrainer, check_grads, make_target
 
 __all__ = ["run_trial"]
@@ -160,7 +161,9 @@ def run_trial(state: RankState, plan: SplitPlan, opts: TrialOptions) -> TrialRep
     state.peak.reset()
     identity = json.dumps(plan.to_dict(), sort_keys=True)
     kept = state.kept if opts.resume and state.kept is not None and state.kept[0] == identity else None
-    state.kept = None  # a stage kept for another plan is released before this one is built
+    if state.kept is not None and kept is None:
+        _let_go(state.kept[1])  # a stage kept for another plan is released before this one is built
+    state.kept = None
     if opts.resume and not all(_gather(state, kept is not None)):
         kept = None  # some rank kept nothing (a restarted pool): every rank builds and checks afresh
     error = None
@@ -284,16 +287,30 @@ def run_trial(state: RankState, plan: SplitPlan, opts: TrialOptions) -> TrialRep
     finally:
         clock.close()
         state.comm = None
+        own, actions = stage.own_bytes, tuple(stage.actions)
+        if state.kept is None or state.kept[1] is not stage:
+            _let_go(stage)
     return TrialReply(rank=rank, build_s=build_s, out_bytes=out_bytes, max_abs_diff=diff, tolerance=tol, check=check,
                       serial_s=tuple(serial), serial_all_s=tuple(serial_all), pipeline_s=tuple(pipe),
                       compute_s=tuple(compute), comm_s=tuple(waits), events=tuple(events),
                       comm_events=tuple(comm_events), t0=t0_abs, host=socket.gethostname(),
                       peak_mem_bytes=peak if pipe else state.peak.read(), base_mem_bytes=base if pipe else 0,
-                      stage_bytes=stage.own_bytes,
+                      stage_bytes=own,
                       busy_s=time.perf_counter() - t_recv, trace=trace,
                       phases=(build_s, t_checked - t_built + check_in_loop, t_warm - t_checked,
-                              t_timed - t_warm - check_in_loop), actions=tuple(stage.actions),
+                              t_timed - t_warm - check_in_loop), actions=actions,
                       work_events=tuple(work_events))
+
+
+def _let_go(stage: BuiltStage) -> None:
+    """Free a stage this rank runs no more now, not at the cyclic collector's pace: its weights, gradients and
+    optimizer state would otherwise sit under the next trial's measured peak."""
+    for m in stage.modules:
+        release(m)
+    stage.params.clear()
+    stage.update = None
+    gc.collect()
+    trim_heap()
 
 
 def _trace(state: RankState, stage: BuiltStage, x: Batch, clock: ComputeClock, comm: CommClock,
