@@ -5,10 +5,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from pipeline.core.errors import PipesplitError
 from pipeline.core.budget import MemoryPrediction, RankMemory
-from search.memory import (constraint, learned_runtime, over_limit, parse_size, predicted_over, runtime_bytes,
-                           with_runtime)
+from pipeline.core.errors import PipesplitError
+from search.memory import constraint, learned_runtime, over_limit, parse_size, predicted_over, runtime_bytes, with_runtime
 
 
 @pytest.mark.parametrize("text, size", [("4GiB", 4 * 2**30), ("512 MiB", 512 * 2**20), ("1.5GB", 1_500_000_000),
