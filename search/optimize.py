@@ -39,7 +39,10 @@ examples:
   python -m search.optimize --stages 2 --storage results/study.log   # a journal file instead of SQLite
   # resume: run the same command again; --trials is the study's total of measured trials
   python -m search.optimize --stages 2 --trace              # + torch.profiler traces of the best plan
-  python -m search.optimize --stages 2 --mode train --schedule all --max-stage-memory 2GiB   # training steps
+  python -m search.optimize --stages 2 --mode train --schedule all --device-memory 2GiB   # training steps
+  # a model bigger than one device: plans that fit 4 ranks of 4.75 GiB, ranked by throughput
+  python -m search.optimize --model hf:llama --model-kwargs '{"num_hidden_layers": 16, "hidden_size": 4096}' \
+      --seq-len 16 --batch-size 4 --stages 4 --trials 6 --device-memory 4.75GiB
   python -m search.optimize --stages 2 --schedule GPipe,Interleaved1F1B --stages-per-rank 2,3 --chunks 8,16
   # several workers on one study (run the same command on each; --trials is the study's total)
   python -m search.optimize --stages 2 --storage results/study.log            # one host: a journal file

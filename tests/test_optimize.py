@@ -192,8 +192,9 @@ def test_a_search_over_schedules_prices_each_layout_by_its_own_action_order(tmp_
 
 BIG_LLAMA = {"num_hidden_layers": 6, "hidden_size": 1024, "intermediate_size": 4096, "num_attention_heads": 4,
              "num_key_value_heads": 4, "vocab_size": 8000}
-"""430 MiB of fp32 weights in 6 blocks of 64 MiB: the whole model is over a budget of the runtime + 340 MiB,
-the leanest 2-stage plan (about 230 MiB of stage) fits it, and a plan cut after the first block (420) does not."""
+"""430 MiB of fp32 weights in 6 blocks of 64 MiB: the whole model (about 450 MiB besides the runtime) is over a
+budget of the runtime + 400 MiB, the leanest 2-stage plan (about 230 MiB) fits it, and a plan cut after the first
+block (stage 2: about 420 MiB) does not."""
 
 
 def test_a_model_over_the_device_memory_is_searched_by_throughput_and_a_plan_over_it_never_runs(tmp_path, capsys):
@@ -205,7 +206,7 @@ def test_a_model_over_the_device_memory_is_searched_by_throughput_and_a_plan_ove
     from pipeline.models.footprint import rank_runtime
 
     spec = resolve_spec("hf:llama", kwargs=BIG_LLAMA, batch_size=4, seq_len=16)
-    budget = rank_runtime(json.dumps(spec.to_dict(), sort_keys=True), "block", "cpu") + 340 * 2**20
+    budget = rank_runtime(json.dumps(spec.to_dict(), sort_keys=True), "block", "cpu") + 400 * 2**20
     args = ["--model", "hf:llama", "--model-kwargs", json.dumps(BIG_LLAMA), "--batch-size", "4", "--seq-len", "16",
             "--stages", "2", "--chunks", "2,4", "--trials", "3", "--repeats", "1", "--min-trial-seconds", "0",
             "--confirm-top", "1", "--confirm-rounds", "1", "--threads-per-stage", "1", "--no-progress",
@@ -219,7 +220,11 @@ def test_a_model_over_the_device_memory_is_searched_by_throughput_and_a_plan_ove
     assert study.metric_names == ["throughput_samples_per_s"]
     assert study.user_attrs["config"]["objective"] == "throughput" and "streamed" in out
     unrun = [t for t in study.trials if str(t.user_attrs.get("over_memory", "")).startswith("predicted")]
-    assert [t.user_attrs["source"] for t in unrun] == ["by hand"]
+    seen = [(t.number, t.user_attrs.get("source"), t.user_attrs.get("predicted_rank_bytes"),
+             t.user_attrs.get("peak_mem_bytes"), t.user_attrs.get("predicted_runtime")) for t in study.trials]
+    # first predicted (from the probe's runtime, as the budget was set) and never run; a seed may follow it
+    # once the ranks' measured runtime is learned
+    assert unrun and unrun[0].user_attrs["source"] == "by hand", (budget, seen)
     assert all("repeats" not in t.user_attrs and not t.user_attrs.get("measured") and
                max(t.user_attrs["predicted_rank_bytes"]) > budget for t in unrun)
     measured = [t for t in study.trials if t.user_attrs.get("measured")]

@@ -37,5 +37,5 @@ def test_the_budget_line_names_the_repeat_budget_and_a_small_space():
     # a space whose plans were predicted over the memory limit: every one has its trial, none is "short"
     over = counts | {"measured": 1, "seeds": 1, "predicted_over": 6}
     line = budget_line(over, asked=2)
-    assert "6 predicted over --max-stage-memory and not run): every one was tried, each once" in line
+    assert "6 predicted over --device-memory and not run): every one was tried, each once" in line
     assert "stopped short" not in line

@@ -15,7 +15,6 @@ The other ranks wait in a barrier while rank 0 times the serial model, so it has
 
 from __future__ import annotations
 
-import gc
 import json
 import os
 import socket
@@ -28,121 +27,17 @@ import torch.distributed as dist
 from pipeline.core.errors import PipesplitError, one_line
 from pipeline.core.plan import SplitPlan
 from pipeline.core.result import OutputCheck
-from pipeline.models.batch import Batch, example_input, rows
-from pipeline.models.fake import fake_model
-from pipeline.models.meta import MetaModel
+from pipeline.models.batch import Batch, example_input
 from pipeline.models.weights import whole_model
-from pipeline.stage.build import BuiltStage, build_stage, name_in, other_backend
+from pipeline.stage.build import BuiltStage, build_stage, other_backend
+from pipeline.stage.checks import check_output, check_step, loss_target, mismatch, reference_first
 from pipeline.stage.instrument import CommClock, CommSpan, ComputeClock, Span, hook_pippy_p2p, quiet_stderr, since
 from pipeline.stage.messages import ErrorReply, TrialOptions, TrialReply
 from pipeline.stage.rank import RankState
-from pipeline.stage.reference import release, streamed_output, streamed_step, trim_heap
-from pipeline.stage.training import SerialTrainer, check_grads, make_target
+from pipeline.stage.reference import release
+from pipeline.stage.training import SerialTrainer
 
 __all__ = ["run_trial"]
-
-
-def _unsplit_output(state: RankState, plan: SplitPlan, stage: BuiltStage, meta: MetaModel, x: Batch
-                    ) -> torch.Tensor:
-    """The unsplit model's output: streamed stage by stage from the split on meta (``pipeline.stage.reference``),
-    or from the whole model where the backend left no split (torchpippy, which holds it whole anyway)."""
-    if stage.split_gm is not None:
-        return streamed_output(stage.split_gm, meta, x, plan.chunks, state.device, name_in(meta))
-    out = whole_model(meta, state.device).eval()(*x)
-    first: torch.Tensor = out[0] if isinstance(out, (tuple, list)) else out
-    return first
-
-
-def _whole_output(state: RankState, plan: SplitPlan, y: Any, whole: Any, x: Batch) -> torch.Tensor | None:
-    """The whole model's own output on the last rank, where rank 0 holds the whole model (it times the serial
-    model): made once per model on rank 0 and sent; this checks the export itself, which the streamed
-    reference (the same traced stages) cannot. None elsewhere."""
-    if state.rank == 0:
-        with torch.no_grad():
-            out = state.cached(f"whole:{plan.model.key}", lambda: _first_out(whole(*x)).contiguous())
-        if plan.last_rank == 0:
-            return out
-        dist.send(out, dst=plan.last_rank)
-        return None
-    if state.rank == plan.last_rank:
-        got = _first_out(y)
-        buf = torch.empty(got.shape, dtype=got.dtype, device=got.device)
-        dist.recv(buf, src=0)
-        return buf
-    return None
-
-
-def _first_out(out: Any) -> torch.Tensor:
-    first: torch.Tensor = out[0] if isinstance(out, (tuple, list)) else out
-    return first
-
-
-def _check_output(state: RankState, plan: SplitPlan, y: Any, stage: BuiltStage, meta: MetaModel, x: Batch,
-                  whole: Any = None, whole_on_rank0: bool = False) -> OutputCheck:
-    """max |pipeline - unsplit| and its tolerance, computed on the last rank and shared with every rank: against
-    the streamed reference, and against the whole model too where rank 0 holds it (``whole_on_rank0``, the
-    same on every rank)."""
-    verdict: list[Any] = [None]
-    eager = _whole_output(state, plan, y, whole, x) if whole_on_rank0 else None
-    if state.rank == plan.last_rank:
-        with torch.no_grad():
-            ref = state.output_ref(plan.model, lambda: _unsplit_output(state, plan, stage, meta, x))
-        got = _first_out(y)
-        diff = float((got.float() - ref.float()).abs().max())
-        rtol = 1e-4 if plan.model.dtype == "float32" else 2e-2
-        whole_diff = float((got.float() - eager.float()).abs().max()) if eager is not None else None
-        verdict = [(diff, rtol * max(1.0, float(ref.float().abs().max())), whole_diff)]
-    dist.broadcast_object_list(verdict, src=plan.last_rank)
-    diff, tol, whole_diff = verdict[0]
-    worst = max(diff, whole_diff) if whole_diff is not None else diff
-    return OutputCheck(diff=float(worst), tolerance=float(tol), streamed_diff=float(diff),
-                       whole_diff=None if whole_diff is None else float(whole_diff))
-
-
-def _mismatch(rank: int, diff: float, tol: float, what: str) -> ErrorReply:
-    kind = "output" if what.startswith("pipeline output") else "training step"
-    return ErrorReply(rank=rank, max_abs_diff=diff, tolerance=tol,
-                      error=f"{kind} check failed: {what} by {diff:.3g} (allowed {tol:.3g})")
-
-
-def _target(plan: SplitPlan, meta: MetaModel, x: Batch) -> torch.Tensor:
-    """The loss's fixed target for the whole batch, the same on every rank (the output's shape from one
-    sample, run on meta)."""
-    one = fake_model(meta, torch.device("cpu")).run(rows(x, 1))
-    out = one[0] if isinstance(one, (tuple, list)) else one
-    shape = (plan.model.batch_size, *out.shape[1:])
-    return make_target(plan.model, x, torch.empty(shape, dtype=out.dtype, device=x[0].device))
-
-
-def _ratio(v: tuple[float, float, str, str]) -> float:
-    return v[0] / v[1] if v[0] == v[0] else float("inf")
-
-
-def _check_step(state: RankState, plan: SplitPlan, stage: BuiltStage, losses: Any, meta: MetaModel, x: Batch,
-                target: torch.Tensor) -> tuple[float, float, str, OutputCheck]:
-    """(difference, tolerance, what differs, what was compared) of the worst of the pipeline step's loss and
-    every rank's gradients against the serial step from the same weights (streamed, this rank's gradients
-    kept), the same on every rank."""
-    names = frozenset(n for n, _ in stage.params)
-    ref = state.reference(plan.model, names, lambda: streamed_step(stage.split_gm, meta, x, target, plan.chunks,
-                                                                   state.device, names, name_in(meta)))
-    rtol = 1e-3 if plan.model.dtype == "float32" else 5e-2
-    worst = check_grads(stage.params, ref, rtol)
-    grad = (worst.diff, worst.tol, f"gradient of {worst.name} differs from the unsplit model's", worst.name)
-    loss = None
-    if state.rank == plan.last_rank:
-        got = float(torch.stack([v.detach().float() for v in losses]).mean()) if losses else float("nan")
-        ltol = rtol * max(1.0, abs(ref.loss))
-        loss = (abs(got - ref.loss), ltol, f"loss {got:.6g} differs from the unsplit model's {ref.loss:.6g}", "loss")
-    every: list[Any] = [None] * state.world
-    dist.all_gather_object(every, (grad, loss, len(stage.params)))
-    worst_grad = max((g for g, _, n in every if n), key=_ratio, default=grad)  # ranks whose stage has parameters
-    last = next((lo for _, lo, _ in every if lo is not None), None)
-    diff, tol, what, _ = max([worst_grad] + ([last] if last else []), key=_ratio)
-    check = OutputCheck(compared="loss and gradients", gradients=sum(n for _, _, n in every), worst=worst_grad[3],
-                        diff=float(worst_grad[0]), tolerance=float(worst_grad[1]),
-                        loss_diff=float(last[0]) if last else None, loss_tolerance=float(last[1]) if last else None)
-    return float(diff), float(tol), str(what), check
 
 
 def _gather(state: RankState, flag: bool) -> list[bool]:
@@ -174,7 +69,9 @@ def run_trial(state: RankState, plan: SplitPlan, opts: TrialOptions) -> TrialRep
         meta = state.model(plan.model)
         x = example_input(plan.model, state.device)
         if train:
-            target = _target(plan, meta, x)
+            target = loss_target(plan, meta, x)
+        elif rank == plan.last_rank and plan.backend == "torch" and plan.model.key not in state.refs:
+            reference_first(state, plan, meta, x)
         stage = kept[1] if kept is not None else build_stage(plan, meta, x, rank, state.device,
                                                              traces=state.traces if opts.cached_trace else None,
                                                              target=target)
@@ -231,17 +128,17 @@ def run_trial(state: RankState, plan: SplitPlan, opts: TrialOptions) -> TrialRep
                 out_bytes = 0 if last else clock.out_bytes
                 if train:
                     assert target is not None
-                    diff, tol, what, check = _check_step(state, plan, stage, y, meta, x, target)
+                    diff, tol, what, check = check_step(state, plan, stage, y, meta, x, target)
                     if stage.update is not None:
                         stage.update()
                 else:
-                    check = _check_output(state, plan, y, stage, meta, x, serial_model, whole_on_rank0)
+                    check = check_output(state, plan, y, stage, meta, x, serial_model, whole_on_rank0)
                     diff, tol = check.diff, check.tolerance
                     what = "pipeline output differs from the unsplit model"
                 checked = True
                 y = None  # the checked output is not kept through the timed runs (a language model's logits)
                 if not diff <= tol:
-                    return _mismatch(rank, diff, tol, what)
+                    return mismatch(rank, diff, tol, what)
             t_checked = time.perf_counter()
             for _ in range(opts.warmup):
                 _pipeline_once(state, stage, x, clock)
@@ -271,12 +168,12 @@ def run_trial(state: RankState, plan: SplitPlan, opts: TrialOptions) -> TrialRep
                 if not checked:  # the first timed repeat's output is the one checked
                     t_c = time.perf_counter()
                     out_bytes = 0 if last else clock.out_bytes
-                    check = _check_output(state, plan, y, stage, meta, x, serial_model, whole_on_rank0)
+                    check = check_output(state, plan, y, stage, meta, x, serial_model, whole_on_rank0)
                     diff, tol = check.diff, check.tolerance
                     checked = True
                     check_in_loop += time.perf_counter() - t_c
                     if not diff <= tol:
-                        return _mismatch(rank, diff, tol, "pipeline output differs from the unsplit model")
+                        return mismatch(rank, diff, tol, "pipeline output differs from the unsplit model")
                 if opts.serial_all and serial_threads:
                     serial_all.append(state.serial(serial_run, serial_threads))
             t_timed = time.perf_counter()
@@ -305,12 +202,10 @@ def run_trial(state: RankState, plan: SplitPlan, opts: TrialOptions) -> TrialRep
 def _let_go(stage: BuiltStage) -> None:
     """Free a stage this rank runs no more now, not at the cyclic collector's pace: its weights, gradients and
     optimizer state would otherwise sit under the next trial's measured peak."""
-    for m in stage.modules:
-        release(m)
     stage.params.clear()
-    stage.update = None
-    gc.collect()
-    trim_heap()
+    stage.update = None  # the optimizer's state goes with it
+    for m in stage.modules:
+        release(m)  # a big stage is collected and its heap handed back at once; a small one at the collector's pace
 
 
 def _trace(state: RankState, stage: BuiltStage, x: Batch, clock: ComputeClock, comm: CommClock,

@@ -1,0 +1,160 @@
+"""What a trial checks before it times: the pipeline's output (or training step) against the unsplit model.
+
+The reference never holds the whole model where it does not fit: it is streamed (``pipeline.stage.reference``),
+one block real at a time, made on the last rank before its own stage is real. Where rank 0 holds the whole
+model anyway (it times the serial baseline), the output is also checked against the whole model's own.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from pipeline.core.plan import SplitPlan
+from pipeline.core.result import OutputCheck
+from pipeline.models.batch import Batch, first_chunk, rows
+from pipeline.models.candidates import find_candidates
+from pipeline.models.fake import fake_model
+from pipeline.models.meta import MetaModel
+from pipeline.models.weights import whole_model
+from pipeline.stage.build import BuiltStage, name_in
+from pipeline.stage.messages import ErrorReply
+from pipeline.stage.rank import RankState
+from pipeline.stage.reference import streamed_output, streamed_step
+from pipeline.stage.segments import trace_all_cuts
+from pipeline.stage.training import check_grads, make_target
+
+__all__ = ["check_output", "check_step", "first_out", "loss_target", "mismatch", "reference_first"]
+
+
+def unsplit_output(state: RankState, plan: SplitPlan, stage: BuiltStage, meta: MetaModel, x: Batch
+                    ) -> torch.Tensor:
+    """The unsplit model's output: streamed stage by stage from the split on meta (``pipeline.stage.reference``),
+    or from the whole model where the backend left no split (torchpippy, which holds it whole anyway)."""
+    if stage.split_gm is not None:
+        return streamed_output(finest_split(plan, meta, x, state.device) or stage.split_gm, meta, x, plan.chunks,
+                               state.device, name_in(meta))
+    out = whole_model(meta, state.device).eval()(*x)
+    first: torch.Tensor = out[0] if isinstance(out, (tuple, list)) else out
+    return first
+
+
+def finest_split(plan: SplitPlan, meta: MetaModel, x: Batch, device: torch.device) -> Any:
+    """The model cut before every candidate block, on fake tensors, so that the streamed reference makes one
+    block real at a time beside this rank's own stage, not a whole stage of the plan (the last rank of a 13 GiB
+    Llama at 4 stages would hold two 3.4 GiB stages at once); None where it cannot be traced so (the plan's own
+    split streams instead)."""
+    if meta.runs_on_meta is False:
+        return None
+    try:
+        cands = find_candidates(meta, plan.model, "block")
+        if len(cands.blocks) <= plan.stages:
+            return None
+        fake = fake_model(meta, device)
+        return trace_all_cuts(fake.module, cands, fake.inputs(first_chunk(x, plan.chunks)))
+    except Exception:  # noqa: BLE001 - the plan's own split is a correct, coarser reference
+        return None
+
+
+def reference_first(state: RankState, plan: SplitPlan, meta: MetaModel, x: Batch) -> None:
+    """The streamed reference output, made before this rank's own stage is real (once per model): its blocks
+    are made real one at a time into memory the stage does not hold yet, so the rank never holds both."""
+    fine = finest_split(plan, meta, x, state.device)
+    if fine is not None:
+        with torch.no_grad():
+            state.output_ref(plan.model, lambda: streamed_output(fine, meta, x, plan.chunks, state.device,
+                                                                 name_in(meta)))
+
+
+def whole_output(state: RankState, plan: SplitPlan, y: Any, whole: Any, x: Batch) -> torch.Tensor | None:
+    """The whole model's own output on the last rank, where rank 0 holds the whole model (it times the serial
+    model): made once per model on rank 0 and sent; this checks the export itself, which the streamed
+    reference (the same traced stages) cannot. None elsewhere."""
+    if state.rank == 0:
+        with torch.no_grad():
+            out = state.cached(f"whole:{plan.model.key}", lambda: first_out(whole(*x)).contiguous())
+        if plan.last_rank == 0:
+            return out
+        dist.send(out, dst=plan.last_rank)
+        return None
+    if state.rank == plan.last_rank:
+        got = first_out(y)
+        buf = torch.empty(got.shape, dtype=got.dtype, device=got.device)
+        dist.recv(buf, src=0)
+        return buf
+    return None
+
+
+def first_out(out: Any) -> torch.Tensor:
+    first: torch.Tensor = out[0] if isinstance(out, (tuple, list)) else out
+    return first
+
+
+def check_output(state: RankState, plan: SplitPlan, y: Any, stage: BuiltStage, meta: MetaModel, x: Batch,
+                  whole: Any = None, whole_on_rank0: bool = False) -> OutputCheck:
+    """max |pipeline - unsplit| and its tolerance, computed on the last rank and shared with every rank: against
+    the streamed reference, and against the whole model too where rank 0 holds it (``whole_on_rank0``, the
+    same on every rank)."""
+    verdict: list[Any] = [None]
+    eager = whole_output(state, plan, y, whole, x) if whole_on_rank0 else None
+    if state.rank == plan.last_rank:
+        with torch.no_grad():
+            ref = state.output_ref(plan.model, lambda: unsplit_output(state, plan, stage, meta, x))
+        got = first_out(y)
+        diff = float((got.float() - ref.float()).abs().max())
+        rtol = 1e-4 if plan.model.dtype == "float32" else 2e-2
+        whole_diff = float((got.float() - eager.float()).abs().max()) if eager is not None else None
+        verdict = [(diff, rtol * max(1.0, float(ref.float().abs().max())), whole_diff)]
+    dist.broadcast_object_list(verdict, src=plan.last_rank)
+    diff, tol, whole_diff = verdict[0]
+    worst = max(diff, whole_diff) if whole_diff is not None else diff
+    return OutputCheck(diff=float(worst), tolerance=float(tol), streamed_diff=float(diff),
+                       whole_diff=None if whole_diff is None else float(whole_diff))
+
+
+def mismatch(rank: int, diff: float, tol: float, what: str) -> ErrorReply:
+    kind = "output" if what.startswith("pipeline output") else "training step"
+    return ErrorReply(rank=rank, max_abs_diff=diff, tolerance=tol,
+                      error=f"{kind} check failed: {what} by {diff:.3g} (allowed {tol:.3g})")
+
+
+def loss_target(plan: SplitPlan, meta: MetaModel, x: Batch) -> torch.Tensor:
+    """The loss's fixed target for the whole batch, the same on every rank (the output's shape from one
+    sample, run on meta)."""
+    one = fake_model(meta, torch.device("cpu")).run(rows(x, 1))
+    out = one[0] if isinstance(one, (tuple, list)) else one
+    shape = (plan.model.batch_size, *out.shape[1:])
+    return make_target(plan.model, x, torch.empty(shape, dtype=out.dtype, device=x[0].device))
+
+
+def _ratio(v: tuple[float, float, str, str]) -> float:
+    return v[0] / v[1] if v[0] == v[0] else float("inf")
+
+
+def check_step(state: RankState, plan: SplitPlan, stage: BuiltStage, losses: Any, meta: MetaModel, x: Batch,
+                target: torch.Tensor) -> tuple[float, float, str, OutputCheck]:
+    """(difference, tolerance, what differs, what was compared) of the worst of the pipeline step's loss and
+    every rank's gradients against the serial step from the same weights (streamed, this rank's gradients
+    kept), the same on every rank."""
+    names = frozenset(n for n, _ in stage.params)
+    ref = state.reference(plan.model, names, lambda: streamed_step(stage.split_gm, meta, x, target, plan.chunks,
+                                                                   state.device, names, name_in(meta)))
+    rtol = 1e-3 if plan.model.dtype == "float32" else 5e-2
+    worst = check_grads(stage.params, ref, rtol)
+    grad = (worst.diff, worst.tol, f"gradient of {worst.name} differs from the unsplit model's", worst.name)
+    loss = None
+    if state.rank == plan.last_rank:
+        got = float(torch.stack([v.detach().float() for v in losses]).mean()) if losses else float("nan")
+        ltol = rtol * max(1.0, abs(ref.loss))
+        loss = (abs(got - ref.loss), ltol, f"loss {got:.6g} differs from the unsplit model's {ref.loss:.6g}", "loss")
+    every: list[Any] = [None] * state.world
+    dist.all_gather_object(every, (grad, loss, len(stage.params)))
+    worst_grad = max((g for g, _, n in every if n), key=_ratio, default=grad)  # ranks whose stage has parameters
+    last = next((lo for _, lo, _ in every if lo is not None), None)
+    diff, tol, what, _ = max([worst_grad] + ([last] if last else []), key=_ratio)
+    check = OutputCheck(compared="loss and gradients", gradients=sum(n for _, _, n in every), worst=worst_grad[3],
+                        diff=float(worst_grad[0]), tolerance=float(worst_grad[1]),
+                        loss_diff=float(last[0]) if last else None, loss_tolerance=float(last[1]) if last else None)
+    return float(diff), float(tol), str(what), check
