@@ -71,7 +71,10 @@ def search(python: str, cwd: Path, kw: dict[str, int], args: argparse.Namespace,
     (out / "stdout.txt").write_text(proc.stdout + proc.stderr)
     row: dict[str, Any] = {"rc": proc.returncode, "wall_s": wall, "tail": (proc.stdout + proc.stderr)[-600:]}
     if storage.exists():
-        row.update(study_figures(storage))
+        try:
+            row.update(study_figures(storage))
+        except ValueError as e:  # the search stopped before it made its study
+            row["why"] = str(e)
     return row
 
 
@@ -118,6 +121,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--trials", type=int, default=6)
     p.add_argument("--budget", default="4.75GiB", help="--device-memory of every rank")
     p.add_argument("--before", default=None, help="a checkout of main before issue 26/27, with its own .venv")
+    p.add_argument("--only", choices=("after", "before"), default=None, help="run one of the two checkouts only")
     p.add_argument("--json", default=None, help="also write every figure here")
     p.add_argument("--keep", default=None, metavar="DIR",
                    help="keep each search's results (summary.md, best_split.json, the study) under DIR/<label>-L<layers>")
@@ -134,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
               f"{size / budget:.2f}x one rank's --device-memory {format_size(budget)}", flush=True)
         row: dict[str, Any] = {"layers": layers, "param_bytes": size, "budget": budget}
         for label, checkout in (("after", ROOT), ("before", Path(args.before) if args.before else None)):
-            if checkout is None:
+            if checkout is None or args.only not in (None, label):
                 continue
             if label == "before" and (args.stages + 1) * size > 0.8 * machine:
                 print(f"before: not run: each of {args.stages} ranks and the serial profile built the whole model "

@@ -133,7 +133,8 @@ def export(study: optuna.Study, ctx: SearchContext, outdir: Path, *, confirmatio
     paths.append(write_with(outdir / "trials.csv", lambda tmp: df.to_csv(tmp, index=False)))
     rows = summary_rows(study, confirmation)
     table = summary_table(rows, metric)
-    budget = budget_line(trial_counts(study), asked, ctx.budget_repeats)
+    budget = budget_line(trial_counts(study) | {"unrun_over_memory": int(study.user_attrs.get("unrun_over_memory", 0))},
+                         asked, ctx.budget_repeats)
     share = timed_share(study)
     if share is not None:
         budget += (f" The measured trials spent {share:.0%} of their wall time in timed repeats (the rest: building "
@@ -231,6 +232,10 @@ def budget_line(c: dict[str, int], asked: int | None, budget_repeats: int | None
     if asked is not None and c["measured"] < asked:
         if budget_repeats is not None and c.get("repeats", 0) >= budget_repeats:
             text += " The search stopped when its repeat budget was spent."
+        elif c.get("unrun_over_memory"):
+            text += (f" The search stopped when every plan left was predicted over {memory_flag}: the "
+                     f"{c['unrun_over_memory']} plans without a trial were never built; a larger {memory_flag}, "
+                     "more stages or a smaller dtype widen the space.")
         elif c.get("space") and c["measured"] + c["pruned"] + c.get("predicted_over", 0) >= c["space"]:
             over = (f", {c['predicted_over']} predicted over {memory_flag} and not run" if c.get("predicted_over")
                     else "")

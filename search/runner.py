@@ -100,6 +100,8 @@ def run_loop(ctx: SearchContext, trials: int, *, timeout: float | None = None, s
     study = ctx.study
     objective = Objective(ctx)
     fail_stale(study)
+    if study.user_attrs.get("unrun_over_memory"):
+        study.set_user_attr("unrun_over_memory", 0)  # a resumed study says it again if it still holds
     done = len(measured_trials(study))
     bar = tqdm(total=trials, initial=min(done, trials), desc="trials", unit="trial", disable=not ctx.progress,
                dynamic_ncols=True)
@@ -123,6 +125,7 @@ def run_loop(ctx: SearchContext, trials: int, *, timeout: float | None = None, s
                 if left and ctx.device_memory is not None:
                     bar.write(f"stopping: nothing left to run, the {left} plans without a trial are predicted over "
                               f"--device-memory ({exhausted_summary(study)})")
+                    study.set_user_attr("unrun_over_memory", left)  # the summary's budget line says so
                 else:
                     bar.write(f"stopping: nothing left to run, every one of the space's {ctx.space.size} plans has "
                               f"a trial ({exhausted_summary(study)})")

@@ -39,3 +39,7 @@ def test_the_budget_line_names_the_repeat_budget_and_a_small_space():
     line = budget_line(over, asked=2)
     assert "6 predicted over --device-memory and not run): every one was tried, each once" in line
     assert "stopped short" not in line
+    # a big model whose budget leaves few plans: the rest were predicted over and never built
+    line = budget_line(counts | {"measured": 4, "seeds": 2, "unrun_over_memory": 3416}, asked=6)
+    assert "every plan left was predicted over --device-memory: the 3416 plans without a trial" in line
+    assert "stopped short" not in line
