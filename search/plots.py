@@ -19,8 +19,9 @@ def _plt() -> Any:
     return plt
 
 
-def speedup_vs_stages(rows: list[PolicyRow], path: str | Path) -> Path:
-    """One line per policy (median and min-max spread), the optimizer's best, and the ideal S-fold line."""
+def speedup_vs_stages(rows: list[PolicyRow], path: str | Path, figure: str = "speedup") -> Path:
+    """One line per policy (median and min-max spread), the optimizer's best, and the ideal S-fold line (a
+    throughput sweep, ``figure="throughput"``, has no ideal: samples/s on the y axis)."""
     plt = _plt()
     fig, ax = plt.subplots(figsize=(7.5, 5))
     counts = sorted({r.stages for r in rows})
@@ -38,11 +39,12 @@ def speedup_vs_stages(rows: list[PolicyRow], path: str | Path) -> Path:
         err = [[y - r.spread[0] for y, r in zip(ys, rs)], [r.spread[1] - y for y, r in zip(ys, rs)]]
         style = {"linewidth": 2.5, "color": "black"} if name == "optimizer best" else {"linewidth": 1.2}
         ax.errorbar(xs, ys, yerr=err, marker="o", capsize=3, label=name, **style)
-    ax.plot(counts, counts, "--", color="gray", label="ideal (S-fold)")
+    if figure == "speedup":
+        ax.plot(counts, counts, "--", color="gray", label="ideal (S-fold)")
     ax.set_xticks(counts)
     ax.set_xlabel("pipeline stages")
-    ax.set_ylabel("speedup over the serial model (measured)")
-    ax.set_title("speedup vs stages, per split policy", fontsize=10)
+    ax.set_ylabel("speedup over the serial model (measured)" if figure == "speedup" else "throughput, samples/s (measured)")
+    ax.set_title(f"{figure} vs stages, per split policy", fontsize=10)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
     fig.tight_layout()
@@ -50,7 +52,7 @@ def speedup_vs_stages(rows: list[PolicyRow], path: str | Path) -> Path:
 
 
 def predicted_vs_measured(points: list[tuple[int, float, float]], path: str | Path,
-                          ceilings: dict[int, float] | None = None) -> Path:
+                          ceilings: dict[int, float] | None = None, figure: str = "speedup") -> Path:
     """Every measured trial the cost model priced: (stages, predicted, measured), with the y = x line and,
     per stage count, the machine's ceiling (the most speedup its cores can give), which no point may pass."""
     plt = _plt()
@@ -68,8 +70,8 @@ def predicted_vs_measured(points: list[tuple[int, float, float]], path: str | Pa
         ax.axvline(c, color=colors.get(s, "black"), linestyle=":", linewidth=1.2, label=f"ceiling, {s} stages ({c:.2f}x)")
     ax.set_xlim(lo, hi)
     ax.set_ylim(lo, hi)
-    ax.set_xlabel("predicted speedup (cost model)")
-    ax.set_ylabel("measured speedup (median of the trial)")
+    ax.set_xlabel(f"predicted {figure} (cost model)")
+    ax.set_ylabel(f"measured {figure} (median of the trial)")
     ax.set_title("cost model vs real runs, every measured trial", fontsize=10)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)

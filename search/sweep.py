@@ -211,12 +211,15 @@ def write_report(studies: dict[int, Any], outdir: Path, *, spec: Any, device: st
             render(tl, outdir / f"{key}.png", title=f"{label}: {row.plan.describe()} - {figure_label(row.detail)}")
             made[key] = f"{key}.png"
             timelines[f"{s} stages, {label}"] = tl
+    figure = next((str((st.user_attrs.get("config") or {}).get("objective", "speedup")) for st in studies.values()),
+                  "speedup")
     if rows:
-        plots.speedup_vs_stages(rows, outdir / "speedup_vs_stages.png")
+        plots.speedup_vs_stages(rows, outdir / "speedup_vs_stages.png", figure)
         made["speedup_vs_stages"] = "speedup_vs_stages.png"
     if points:
-        ceilings = {s: float(st.user_attrs["ceiling"]) for s, st in studies.items() if st.user_attrs.get("ceiling")}
-        plots.predicted_vs_measured(points, outdir / "predicted_vs_measured.png", ceilings)
+        ceilings = {s: float(st.user_attrs["ceiling"]) for s, st in studies.items()
+                    if st.user_attrs.get("ceiling") and figure == "speedup"}
+        plots.predicted_vs_measured(points, outdir / "predicted_vs_measured.png", ceilings, figure)
         made["predicted_vs_measured"] = "predicted_vs_measured.png"
     if timelines:
         plots.compute_comm(timelines, outdir / "compute_comm.png")
@@ -226,8 +229,7 @@ def write_report(studies: dict[int, Any], outdir: Path, *, spec: Any, device: st
     meta = {"model": spec.label, "batch_size": spec.batch_size, "device": device,
             "threads": f"{'/'.join(map(str, threads))} thread(s) per stage",
             "date": time.strftime("%Y-%m-%d %H:%M"), "studies": {s: st.study_name for s, st in studies.items()},
-            "objective": next((str((st.user_attrs.get("config") or {}).get("objective", "speedup"))
-                               for st in studies.values()), "speedup")}
+            "objective": figure}
     text = markdown(title, rows, plots=made, meta=meta)
     report = write_text(outdir / "report.md", text)
     write_json(outdir / "sweep.json", {"meta": meta, "rows": [r.to_dict() for r in rows],

@@ -52,6 +52,9 @@ def test_table_lists_every_row_best_first_and_markdown_links_plots():
     solo = markdown("t", [row(source="pippy-equal-size", best=True)], plots={}, meta={})
     assert "The best plan is PiPPy's equal-size split: 1.50x, 75% of the ideal." in solo
     assert PolicyRow.from_dict(rows[0].to_dict()) == rows[0]
+    thru = markdown("t", rows, plots={}, meta={"objective": "throughput"})
+    assert "Figures are throughput (samples/s" in thru and "## 2 stages\n" in thru and "ideal 2x" not in thru
+    assert "Best 1.7 samples/s vs PiPPy's equal-size 1.5 samples/s: 1.13x better." in thru
     assert rows[2].policies == ["costmodel-optimum", "time-balanced"]
 
 
