@@ -217,7 +217,7 @@ class Objective:
                     continue
                 done.append((float(value_of(t) or 0.0), ctx.calibrated_value(past)))
         predicted = ctx.calibrated_value(point)  # the raw model's while no calibration is fitted
-        why = prune_reason(predicted, done)
+        why = prune_reason(predicted, done, unit="x" if ctx.metric.speedup else " samples/s")
         if why:
             trial.set_user_attr("pruned_by", why + (" (calibrated)" if machine is not None else ""))
             raise optuna.TrialPruned()

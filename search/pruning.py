@@ -22,9 +22,9 @@ PRUNE_MARGIN = 0.97
 
 
 def prune_reason(predicted: float, done: Sequence[tuple[float, float]], *, after: int = PRUNE_AFTER,
-                 margin: float = PRUNE_MARGIN) -> str | None:
-    """Why a plan predicted at ``predicted`` x need not run, given ``done`` (measured, predicted) speedups
-    of the plans measured so far; None when it should run."""
+                 margin: float = PRUNE_MARGIN, unit: str = "x") -> str | None:
+    """Why a plan predicted at ``predicted`` need not run, given ``done`` (measured, predicted) figures (speedup,
+    or throughput with ``unit`` "/s") of the plans measured so far; None when it should run."""
     usable = [(m, p) for m, p in done if p > 0]
     if len(usable) < after:
         return None
@@ -32,7 +32,8 @@ def prune_reason(predicted: float, done: Sequence[tuple[float, float]], *, after
     best = max(m for m, _ in usable)
     optimistic = predicted * ratio
     if optimistic < margin * best:
-        return f"cost model: at best {optimistic:.2f}x vs measured best {best:.2f}x"
+        spec = ".2f" if unit == "x" else ".3g"
+        return f"cost model: at best {optimistic:{spec}}{unit} vs measured best {best:{spec}}{unit}"
     return None
 
 

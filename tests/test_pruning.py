@@ -26,3 +26,9 @@ def test_a_plan_predicted_at_least_as_well_as_the_best_is_never_pruned(done):
 @given(st.integers(0, 50), st.integers(0, 50))
 def test_pruning_rests_exactly_when_the_budget_left_runs_this_plan_and_every_untried_one(left, untried):
     assert budget_covers_rest(left, untried) == (left >= untried + 1)
+
+
+def test_a_throughput_study_prunes_by_the_same_rule_in_its_own_unit():
+    done = [(10.0, 12.0), (16.0, 16.0), (12.0, 15.0)]  # (measured, predicted) samples/s
+    assert prune_reason(15.0, done, unit=" samples/s") == "cost model: at best 15 samples/s vs measured best 16 samples/s"
+    assert prune_reason(16.0, done, unit=" samples/s") is None
