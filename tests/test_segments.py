@@ -29,12 +29,12 @@ def test_every_rank_of_a_pool_profiles_one_segment_at_a_time(pool2, tiny_spec):
 
 
 def test_a_streamed_profile_holds_about_one_segment_never_the_whole_model():
-    """A Llama of 8 blocks of 64 MiB: the profile's peak above what the process held as it started (one block,
+    """A Llama of 6 blocks of 64 MiB: the profile's peak above what the process held as it started (one block,
     the values crossing the cuts, and the tracing's own allocations) stays far below the whole model's
     weights, and every segment is timed."""
     from pipeline.models.build import resolve_spec
 
-    kw = {"num_hidden_layers": 8, "hidden_size": 1024, "intermediate_size": 4096, "num_attention_heads": 4,
+    kw = {"num_hidden_layers": 6, "hidden_size": 1024, "intermediate_size": 4096, "num_attention_heads": 4,
           "num_key_value_heads": 4, "vocab_size": 8000}
     spec = resolve_spec("hf:llama", kwargs=kw, batch_size=2, seq_len=8)
     args = {"granularity": "block", "micro": [2], "repeats": 1, "warmup": 0, "device": torch.device("cpu"),
@@ -42,6 +42,6 @@ def test_a_streamed_profile_holds_about_one_segment_never_the_whole_model():
     time_segments(spec, **args)  # the first call imports and traces: what a worker has done before it profiles
     got = time_segments(spec, **args)
     whole = sum(got.param_bytes)
-    assert whole > 550 * 2**20 and max(got.param_bytes) < whole / 8
+    assert whole > 420 * 2**20 and max(got.param_bytes) < whole / 6
     assert len(got.latency_s[2]) == len(got.blocks) and all(t > 0 for t in got.latency_s[2])
     assert 0 < got.peak_mem_bytes - got.base_mem_bytes < whole / 2, (got.peak_mem_bytes - got.base_mem_bytes, whole)
