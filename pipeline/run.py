@@ -74,7 +74,9 @@ def run_plan(plan: SplitPlan, cfg: RunConfig) -> TrialResult:
 
 def check_memory(plan: SplitPlan, budget: int | None, granularity: str = "block") -> MemoryPrediction:
     """Each rank's predicted peak from the model on meta, before anything is built: one line and no run
-    when a rank is over ``budget`` (default: the device's, see ``pipeline.models.footprint``)."""
+    when a rank is over ``budget`` (default: the device's, see ``pipeline.models.footprint``). Where rank 0
+    can also hold the whole model beside its stage, the prediction counts it there (``RankMemory.serial``):
+    the serial baseline is timed only then."""
     from pipeline.models.build import build_meta_model
     from pipeline.models.candidates import find_candidates
     from pipeline.models.footprint import predict_plan
@@ -95,6 +97,10 @@ def check_memory(plan: SplitPlan, budget: int | None, granularity: str = "block"
         raise PipesplitError(f"torchpippy 0.2 traces the whole model on every rank, and {plan.model.label} needs about "
                              f"{format_size(prediction.whole)}, over --device-memory {format_size(prediction.budget)}: "
                              "use --backend torch, whose ranks make only their own stages")
+    if prediction.serial_fits:
+        with_serial = predict_plan(plan, meta, cands, budget, runtime=prediction.ranks[0].runtime, serial=True)
+        if with_serial.worst.total <= with_serial.budget:
+            return with_serial
     return prediction
 
 
@@ -125,6 +131,10 @@ def describe_memory(prediction: MemoryPrediction) -> str:
     if not prediction.serial_fits:
         lines.append(f"the whole model needs about {format_size(prediction.whole)} on one device, over the budget: "
                      "no serial baseline is timed, so no speedup; throughput and the stages' own times are the figures")
+    elif not prediction.ranks[0].serial:
+        lines.append(f"the whole model ({format_size(prediction.whole)}) fits one device but not beside rank 0's "
+                     "stage: no serial baseline is timed, so no speedup; throughput and the stages' own times are the "
+                     "figures")
     return "\n".join(lines)
 
 
@@ -298,7 +308,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"plan: {plan.describe()}, {plan.threads_per_stage} thread(s)/rank on {plan.device}", flush=True)
         prediction = check_memory(plan, budget, args.granularity)
         print(describe_memory(prediction), flush=True)
-        if not prediction.serial_fits:
+        if not prediction.ranks[0].serial:  # rank 0 cannot hold the whole model beside its stage
             cfg = dataclasses.replace(cfg, serial=False)
         result = run_plan(plan, cfg)
         print(format_result(result))

@@ -348,3 +348,21 @@ def test_a_refused_plan_names_the_fewest_ranks_that_would_fit(capsys, monkeypatc
     assert "--policy uniform would fit" in err and err.count("\n") == 1
     fits = int(err.split("(--stages ")[1].split()[0])
     assert fits in (3, 4) and worst(fits) <= budget
+
+
+def test_rank_0_times_the_serial_model_only_where_the_whole_model_fits_beside_its_stage():
+    """A Llama of 430 MiB on meta: with room, rank 0's prediction holds the whole model too; with a budget the
+    whole model fits alone but not beside rank 0's stage, no serial baseline is timed (and the run says so)."""
+    from pipeline.core.plan import SplitPoint
+    from pipeline.models.build import resolve_spec
+    from pipeline.run import check_memory, describe_memory
+
+    kw = {"num_hidden_layers": 6, "hidden_size": 1024, "intermediate_size": 4096, "num_attention_heads": 4,
+          "num_key_value_heads": 4, "vocab_size": 8000}
+    plan = SplitPlan(model=resolve_spec("hf:llama", kwargs=kw, batch_size=4, seq_len=16),
+                     split_points=(SplitPoint("model.layers.3"),), chunks=2)
+    roomy = check_memory(plan, 64 * 2**30)
+    assert roomy.ranks[0].serial == roomy.whole - roomy.ranks[0].runtime and roomy.ranks[1].serial == 0
+    tight = check_memory(plan, roomy.whole + roomy.ranks[0].weights // 2)
+    assert tight.serial_fits and tight.ranks[0].serial == 0
+    assert "fits one device but not beside rank 0's stage: no serial baseline is timed" in describe_memory(tight)
