@@ -155,7 +155,12 @@ class SearchContext:
                               [*forward_starts(self.profile, self.space, layout), *starts])
 
     def runtime(self) -> tuple[int, ...]:
-        """The runtime memory each rank is predicted to hold besides its stages: what measured trials held."""
+        """The runtime memory each rank is predicted to hold besides its stages: what measured trials held
+        (read again only when the study holds another trial: the sampler asks for every plan it weighs)."""
+        count = len(self.study.get_trials(deepcopy=False))
+        if self._memo.get("runtime_at") == count:
+            got: tuple[int, ...] = self._memo["runtime"]
+            return got
         seen = []
         for t in measured_trials(self.study):
             a = t.user_attrs
@@ -163,7 +168,9 @@ class SearchContext:
                 held = a.get("predicted_runtime", 0)
                 held = held if isinstance(held, list) else [held] * len(a["predicted_rank_bytes"])
                 seen.append((a["peak_mem_bytes"], [q - h for q, h in zip(a["predicted_rank_bytes"], held)], 0))
-        return learned_runtime(seen, self.first_runtime, self.stages)
+        got = learned_runtime(seen, self.first_runtime, self.stages)
+        self._memo.update(runtime_at=count, runtime=got)
+        return got
 
     def memory(self, plan: SplitPlan) -> MemoryPrediction | None:
         """The plan's per-rank prediction against ``--device-memory`` with the runtime learned so far (None

@@ -22,6 +22,7 @@ from pipeline.core.spec import ModelSpec
 from pipeline.models.batch import example_input, rows
 from pipeline.models.candidates import Candidates
 from pipeline.models.meta import MetaModel
+from pipeline.models.traces import run_hooked
 from pipeline.models.weights import with_forward
 
 __all__ = ["StageBytes", "default_budget", "leaf_outputs", "leanest", "predict_plan", "require_fitting_plan",
@@ -59,12 +60,7 @@ def leaf_outputs(meta: MetaModel, spec: ModelSpec, cands: Candidates) -> dict[in
                 out[pos] = sum(t.numel() * t.element_size() for t in tree_flatten(o)[0] if isinstance(t, torch.Tensor))
 
             handles.append(mod.register_forward_hook(hook))
-        try:
-            with torch.no_grad():
-                model(*x)
-        finally:
-            for h in handles:
-                h.remove()
+        run_hooked(model, x, handles)
 
     with_forward(meta, rows(example_input(spec), 1), run)
     return out

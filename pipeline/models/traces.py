@@ -54,13 +54,18 @@ def call_events(model: nn.Module, x: Batch) -> list[tuple[str, str]]:
     for name, mod in model.named_modules():
         handles.append(mod.register_forward_pre_hook(lambda m, a, n=name: events.append(("B", n))))
         handles.append(mod.register_forward_hook(lambda m, a, o, n=name: events.append(("E", n))))
+    run_hooked(model, x, handles)
+    return events
+
+
+def run_hooked(model: nn.Module, x: Batch, handles: list[Any]) -> None:
+    """One forward without gradients for the hooks in ``handles`` to see, which are removed whatever happens."""
     try:
         with torch.no_grad():
             model(*x)
     finally:
         for h in handles:
             h.remove()
-    return events
 
 
 def _module_starts(model: nn.Module, mb: Batch) -> list[str]:
