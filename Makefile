@@ -15,8 +15,11 @@ $(STAMP): pyproject.toml | $(PY)
 	$(PY) -m pip install -q -e .
 	touch $@
 
+# dev: the test tools and the training frameworks whose split rules are measured (pipeline.peers); torchtitan
+# without its dependencies (see pyproject.toml's peers extra)
 $(STAMP_DEV): pyproject.toml $(STAMP)
-	$(PY) -m pip install -q -e '.[dev]'
+	$(PY) -m pip install -q -e '.[dev,peers]'
+	$(PY) -m pip install -q --no-deps 'torchtitan>=0.3'
 	touch $@
 
 install: $(STAMP)

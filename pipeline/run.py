@@ -13,8 +13,9 @@ from pipeline.cli import MODEL_FLAGS, Parser, add_model_args, add_runtime_args, 
 from pipeline.core.budget import MemoryPrediction, format_size, parse_size
 from pipeline.core.errors import PipesplitError
 from pipeline.core.plan import SplitPlan, SplitPoint, check_ranks
-from pipeline.core.policies import ALIASES, POLICIES
+from pipeline.core.policies import ALIASES
 from pipeline.core.result import TrialResult
+from pipeline.peers.registry import POLICIES
 
 EXAMPLES = """\
 examples:
@@ -25,6 +26,8 @@ examples:
   # a tiny model, for a quick check
   python -m pipeline.run --model deit_tiny_patch16_224 --model-kwargs '{"depth": 4, "img_size": 64}' \\
       --batch-size 8 --stages 2 --chunks 4
+  # what torchtitan's default rule cuts, run by torchtitan's own code (pip install 'pipesplit[peers]')
+  python -m pipeline.run --model hf:llama --stages 4 --policy torchtitan --chunks 4
   # 4 stages on 2 ranks, 2 per rank (--stages counts ranks in every command)
   python -m pipeline.run --stages 2 --stages-per-rank 2 --policy uniform --chunks 4 --schedule Interleaved1F1B
   # run an exported best split again and save what it measured

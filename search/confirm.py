@@ -17,6 +17,7 @@ from optuna.trial import FrozenTrial, TrialState
 from pipeline.core.plan import SplitPlan
 from pipeline.core.policies import PIPPY
 from pipeline.core.result import TrialResult
+from pipeline.peers.registry import DEFAULT_RULES
 from pipeline.ranks.pooling import Pool
 from pipeline.rounds import interleaved
 from pipeline.stage.timeline import Timeline
@@ -106,6 +107,11 @@ class Confirmation:
     def pippy(self) -> Confirmed | None:
         return next((p for p in self.plans if PIPPY in p.source.split("+")), None)
 
+    @property
+    def frameworks(self) -> dict[str, Confirmed]:
+        """Each framework default rule's row (torchtitan, megatron, deepspeed-parameters) that the round measured."""
+        return {r: p for r in DEFAULT_RULES for p in self.plans if r in p.source.split("+")}
+
     def to_dict(self) -> dict[str, Any]:
         return {"rounds": self.rounds, "repeats_per_run": self.repeats_per_run, "metric": self.metric,
                 "plans": [p.to_dict() for p in self.plans], "best_trial": self.best_trial}
@@ -135,7 +141,8 @@ def _detail(result: TrialResult | None, metric: Metric) -> dict[str, Any] | None
 
 
 def _chosen(study: optuna.Study, top: int, references: bool) -> list[FrozenTrial]:
-    """The top ``top`` distinct plans, PiPPy's plan, and with ``references`` every seeded reference."""
+    """The top ``top`` distinct plans, PiPPy's plan, each framework's default rule, and with ``references``
+    every seeded reference."""
     ok = sorted((t for t in measured_trials(study) if t.state == TrialState.COMPLETE),
                 key=lambda t: float(value_of(t) or 0.0), reverse=True)
     chosen: list[FrozenTrial] = []
@@ -152,6 +159,10 @@ def _chosen(study: optuna.Study, top: int, references: bool) -> list[FrozenTrial
     pippy = next((t for t in ok if PIPPY in str(t.user_attrs.get("source"))), None)
     if pippy is not None:
         take(pippy)
+    for rule in DEFAULT_RULES:  # what each framework's user gets by default, re-measured beside the best
+        peer = next((t for t in ok if rule in str(t.user_attrs.get("source")).split("+")), None)
+        if peer is not None:
+            take(peer)
     if references:
         for t in ok:
             if is_seed(t):
@@ -161,9 +172,9 @@ def _chosen(study: optuna.Study, top: int, references: bool) -> list[FrozenTrial
 
 def confirm(study: optuna.Study, pool: Pool, *, top: int, rounds: int, repeats: int, timeout_s: float,
             references: bool = False, progress: bool = True, metric: Metric | None = None) -> Confirmation:
-    """Re-measure the top plans and PiPPy's equal-size plan (with ``references``, every seeded reference
-    policy too), interleaved round by round, and keep the round in the study; ``metric`` (default speedup)
-    is the figure they are compared by (throughput times no serial model)."""
+    """Re-measure the top plans, PiPPy's equal-size plan and each framework's default rule (with
+    ``references``, every seeded reference policy too), interleaved round by round, and keep the round in the
+    study; ``metric`` (default speedup) is the figure they are compared by (throughput times no serial model)."""
     from tqdm import tqdm
 
     metric = metric or Metric(name="speedup", batch=1)

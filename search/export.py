@@ -15,6 +15,7 @@ from search.confirm import Confirmation
 from search.context import SearchContext
 from search.coordination import MEASURED, SAMPLER, is_seed, timed_share, value_of
 from search.memory import OVER_MEMORY, format_size
+from search.seeds import frameworks_line
 
 
 def _fmt(x: Any, spec: str = ".2f") -> str:
@@ -47,6 +48,34 @@ def summary_rows(study: optuna.Study, confirmation: Confirmation | None) -> list
         })
     rows.sort(key=lambda r: (r["role"] != "BEST", -float(r["confirmed"] or r["measured"] or 0)))
     return rows
+
+
+def frameworks_summary(confirmation: Confirmation | None, metric: str,
+                       unseeded: dict[str, str] | None = None) -> tuple[str, dict[str, Any]]:
+    """The best against each framework's default rule, as measured in the same confirmation rounds: a line
+    for the summary and the figures for ``best_split.json`` (``measured.frameworks``)."""
+    best = confirmation.best if confirmation else None
+    peers = confirmation.frameworks if confirmation else {}
+    fmt = ".2f" if metric == "speedup" else ".3g"
+    data: dict[str, Any] = {}
+    grouped: dict[int, list[str]] = {}
+    for rule, row in peers.items():
+        ratio = best.median / row.median if best and row.median > 0 else math.nan
+        data[rule] = {"trial": row.trial, "split_points": list(row.split_points), "chunks": row.chunks,
+                      metric: row.median, f"{metric}_spread": list(row.spread), "best_over_it": ratio}
+        grouped.setdefault(row.trial, []).append(rule)
+    parts = []
+    for rules in grouped.values():
+        d = data[rules[0]]
+        lo, hi = d[f"{metric}_spread"]
+        parts.append(f"{d['best_over_it']:.2f}x the plan of {', '.join(rules)} ({d[metric]:{fmt}}, spread {lo:{fmt}}-{hi:{fmt}})")
+    text = ""
+    if best and parts:
+        text = (f"Against the frameworks' default rules, in the same interleaved rounds: the best ({best.median:{fmt}}) "
+                "is " + ", ".join(parts) + ".")
+    if unseeded:
+        text += (" " if text else "") + "Frameworks' rules " + frameworks_line(unseeded) + "."
+    return text, data
 
 
 def layout_label(plan: dict[str, Any]) -> str:
@@ -116,6 +145,7 @@ def export(study: optuna.Study, ctx: SearchContext, outdir: Path, *, confirmatio
         meas["objective"] = metric
         meas[f"search_{metric}"] = value_of(t)
         meas["confirmed"] = bool(row and row.values)
+        meas["frameworks"] = frameworks_summary(confirmation, metric)[1]
         predicted = {k: t.user_attrs.get(a) for k, a in
                      (("speedup", "predicted_speedup"), ("makespan_s", "predicted_s"),
                       ("bubble_fraction", "predicted_bubble"), ("calibrated", "calibrated_value"),
@@ -161,6 +191,9 @@ def export(study: optuna.Study, ctx: SearchContext, outdir: Path, *, confirmatio
                        + (f" (the smallest largest-stage peak was {format_size(min(peaks))})" if peaks else "")
                        + (f"; {unrun} plan{'s' if unrun != 1 else ''} predicted over it did not run" if unrun else "")
                        + ", so no best split was written: raise the limit, or add stages or stages per rank.")
+    peers = frameworks_summary(confirmation, metric, study.user_attrs.get("frameworks_unseeded"))[0]
+    if peers:
+        budget += " " + peers
     front = pareto_table(study, metric)
     if front:
         table += "\n\n" + front

@@ -7,7 +7,7 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from pipeline.core.policies import PIPPY, POLICIES
+from pipeline.peers.registry import PIPPY, POLICIES
 
 POLICY_ORDER = (*POLICIES, "costmodel-optimum", "costmodel-next")
 """Report order: the reference policies as the registry lists them (PiPPy's first), then the cost model's."""

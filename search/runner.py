@@ -17,7 +17,7 @@ import optuna
 from search.context import SearchContext
 from search.coordination import claims, fail_stale, is_seed, measured_trials, repeats_spent, timed_share, value_of
 from search.objective import Objective, TrialFailed
-from search.seeds import layout_seeds, seeds
+from search.seeds import frameworks_line, layout_seeds, seeds, unseeded_frameworks
 from search.space import PlanPoint
 
 __all__ = ["IDLE_LIMIT", "exhausted_summary", "run_loop", "seed_count", "seed_study", "trial_repeats"]
@@ -59,6 +59,11 @@ def seed_study(ctx: SearchContext, *, policies: bool = False) -> None:
     if ctx.study.user_attrs.get("seeded"):
         return
     first = seeds(ctx.profile, ctx.cands, ctx.stages, list(ctx.space.layout_chunks(0)), policies=policies)
+    missing = unseeded_frameworks(ctx.cands, ctx.stages)
+    if missing:
+        ctx.study.set_user_attr("frameworks_unseeded", missing)
+        if ctx.progress:
+            print(frameworks_line(missing))
     lean = tuple(PlanPoint(cuts=ctx.lean_cuts, chunks=m, layout=0) for m in ctx.space.layout_chunks(0)) \
         if ctx.lean_cuts else ()
     for s in first + layout_seeds(ctx.profile, ctx.space, lambda k: ctx.schedule_optimum(k, lean if k == 0 else ())):

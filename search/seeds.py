@@ -9,11 +9,12 @@ from costmodel.partition import ranked
 from costmodel.simulate import simulate
 from costmodel.types import Profile
 from pipeline.core.plan import SplitPoint
-from pipeline.core.policies import PIPPY, POLICIES, nearest_boundaries
+from pipeline.core.policies import nearest_boundaries
 from pipeline.models.candidates import Candidates
+from pipeline.peers.registry import DEFAULT_RULES, PIPPY, POLICIES
 from search.space import PlanPoint, PlanSpace
 
-__all__ = ["Seed", "forward_starts", "layout_seeds", "seeds"]
+__all__ = ["Seed", "forward_starts", "layout_seeds", "frameworks_line", "seeds", "unseeded_frameworks"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -35,8 +36,10 @@ def _best_chunks(profile: Profile, cuts: list[int], chunks: list[int]) -> int:
 
 
 def seeds(profile: Profile, cands: Candidates, stages: int, chunks: list[int], *, policies: bool = True) -> list[Seed]:
-    """PiPPy equal-size first (the lab's baseline), then the cost model's best two, then (``policies``) the
-    other reference policies: a sweep reports every policy; a search leaves the rest to its sampler.
+    """PiPPy equal-size first (the lab's baseline), then the cost model's best two, then each training
+    framework's default rule (torchtitan, Megatron-Core, DeepSpeed: what its user gets) where it applies and
+    is installed, then (``policies``) the other reference policies: a sweep reports every policy; a search
+    leaves the rest to its sampler.
 
     Every reference runs at the chunk count that the cost model predicts best for its own cuts, as the
     lab tuned PiPPy's chunks by hand: a baseline at a chunk count that suits another split would flatter
@@ -63,9 +66,12 @@ def seeds(profile: Profile, cands: Candidates, stages: int, chunks: list[int], *
     if len(best) > 1:
         out.append(Seed(source="costmodel-next", chunks=best[1].chunks, cuts=best[1].cuts))
     for name, pol in POLICIES.items():
-        if pol.on_units or not policies:
+        if pol.on_units or not (policies or pol.default_rule):
             continue
-        cuts = pol.cuts(inputs, stages)
+        try:
+            cuts = pol.cuts(inputs, stages)
+        except ValueError:  # a framework's rule that does not apply to this model, or refuses this many stages
+            continue
         out.append(Seed(source=name, chunks=_best_chunks(profile, cuts, chunks), cuts=tuple(cuts)))
     merged: dict[tuple[object, ...], Seed] = {}
     for s in out:
@@ -74,6 +80,27 @@ def seeds(profile: Profile, cands: Candidates, stages: int, chunks: list[int], *
         merged[key] = s if prev is None else Seed(source=f"{prev.source}+{s.source}", chunks=prev.chunks,
                                                   cuts=prev.cuts, points=prev.points)
     return list(merged.values())
+
+
+def unseeded_frameworks(cands: Candidates, stages: int) -> dict[str, str]:
+    """Why a framework's default rule gives the search no seed here (not installed, no single stack of layers,
+    a stage count the framework refuses), by rule name: the search prints it in one line."""
+    inputs = cands.policy_inputs()
+    out = {}
+    for name in DEFAULT_RULES:
+        try:
+            POLICIES[name].cuts(inputs, stages)
+        except ValueError as e:
+            out[name] = str(e)
+    return out
+
+
+def frameworks_line(missing: dict[str, str]) -> str:
+    """One line for the rules ``unseeded_frameworks`` left out, those with the same reason together."""
+    by: dict[str, list[str]] = {}
+    for name, why in missing.items():
+        by.setdefault(why, []).append(name)
+    return "not measured: " + "; ".join(f"{', '.join(names)} ({why})" for why, names in by.items())
 
 
 def forward_starts(profile: Profile, space: PlanSpace, layout: int) -> list[PlanPoint]:

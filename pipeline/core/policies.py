@@ -1,8 +1,9 @@
 """Reference split policies as pure functions over numbers, and the one registry that names them.
 
 Each rule returns cut indices: ``i`` means "a new stage starts at item ``i``", increasing, ``0 < i < n``.
-The registry (``POLICIES``) is the only set of policy names: ``pipeline.run --policy``, the search's
-seeds and the sweep's report all read it. A policy cuts either PiPPy's units (``pippy-equal-size``: a
+The registry (``POLICIES``) holds the pure rules; ``pipeline.peers.registry.POLICIES`` adds the training
+frameworks' rules (run by their own code) and is the one set of names that ``pipeline.run --policy``, the
+search's seeds and the sweep's report read. A policy cuts either PiPPy's units (``pippy-equal-size``: a
 unit is a parameter-using leaf module, so it may cut inside a block) or the candidate block segments.
 """
 
@@ -121,6 +122,8 @@ class PolicyInputs:
     """Measured seconds of each segment at the plan's microbatch size (from a profile), if known."""
     segment_flops: tuple[int, ...] | None = None
     """Multiply-accumulates per sample of each segment (from a profile), if known."""
+    segment_names: tuple[str, ...] = ()
+    """The block segments' module names (``Candidates.blocks``): where the frameworks' rules find the stack."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -134,6 +137,10 @@ class Policy:
     """Cuts index ``PolicyInputs.unit_elements`` (PiPPy's units) rather than the block segments."""
     needs_profile: bool
     rule: Callable[[PolicyInputs, int], list[int]]
+    framework: str | None = None
+    """The training framework whose rule this is (``pipeline.peers``), run by that framework's own code."""
+    default_rule: bool = False
+    """What that framework does when its user sets nothing: the reference a split is measured against."""
 
     def cuts(self, inputs: PolicyInputs, stages: int) -> list[int]:
         """Cut indices for ``stages`` stages; a ValueError says why the rule cannot make that many."""

@@ -13,12 +13,15 @@ from torch import nn
 
 from pipeline.core.errors import PipesplitError
 from pipeline.core.plan import SplitPlan, SplitPoint
-from pipeline.core.policies import PolicyInputs, policy
+from pipeline.core.policies import PolicyInputs
 from pipeline.core.spec import ModelSpec
+from pipeline.core.stack import NoStack
 from pipeline.models.batch import example_input, rows
 from pipeline.models.meta import MetaModel
 from pipeline.models.traces import call_events
 from pipeline.models.weights import with_forward
+from pipeline.peers.registry import policy
+from pipeline.peers.rules import PeerMissing
 
 GRANULARITIES = ("block", "layer")
 _CONTAINERS = (nn.Sequential, nn.ModuleList)
@@ -64,13 +67,19 @@ class Candidates:
         return PolicyInputs(unit_elements=tuple(n for _, n in self.units),
                             segment_elements=tuple(self.segment_params()),
                             segment_times=None if segment_times is None else tuple(segment_times),
-                            segment_flops=None if segment_flops is None else tuple(segment_flops))
+                            segment_flops=None if segment_flops is None else tuple(segment_flops),
+                            segment_names=self.blocks)
 
     def policy_points(self, name: str, stages: int, inputs: PolicyInputs | None = None) -> tuple[SplitPoint, ...]:
         """The split points that the reference policy ``name`` picks for ``stages`` stages."""
         try:
             pol = policy(name)
             cuts = pol.cuts(inputs or self.policy_inputs(), stages)
+        except NoStack as e:
+            raise PipesplitError(f"policy {name} does not apply to this model: {e}; use uniform or params-balanced, "
+                                 "pipesplit's rules over its blocks") from None
+        except PeerMissing as e:
+            raise PipesplitError(f"policy {name}: {e}") from None
         except ValueError as e:
             raise PipesplitError(f"policy {name} cannot split {stages} stages: {e}") from None
         return self.unit_points(cuts) if pol.on_units else self.plan_points(cuts)
