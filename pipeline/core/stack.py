@@ -103,7 +103,8 @@ def find_stack(names: Sequence[str]) -> Stack:
     for k, _, i in numbered:
         if i != last:
             if i != last + 1:
-                raise NoStack(f"its stack {prefixes[0]} runs layer {i} after layer {last}: the layers must run in order")
+                where = f"after layer {last}" if last >= 0 else "first"
+                raise NoStack(f"its stack {prefixes[0]} runs layer {i} {where}: the layers must run in order from 0")
             starts.append(k)
             last = i
     return Stack(prefix=prefixes[0], starts=tuple(starts), end=ks[-1] + 1, segments=len(names))
@@ -119,5 +120,6 @@ def nearest_allowed(cuts: Sequence[int], allowed: Sequence[int], prefix: Sequenc
     for k, c in enumerate(cuts):
         room = len(cuts) - k - 1
         usable = [a for a in pool if (not out or a > out[-1]) and sum(1 for b in pool if b > a) >= room]
-        out.append(min(usable, key=lambda a: (abs(prefix[a] - prefix[c]), a)))
+        # a cut already allowed stays; another goes to the nearest by weight (ties: the nearer index)
+        out.append(c if c in usable else min(usable, key=lambda a: (abs(prefix[a] - prefix[c]), abs(a - c), a)))
     return tuple(out)

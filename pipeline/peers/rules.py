@@ -30,7 +30,7 @@ from typing import Any
 from pipeline.core.policies import Policy, PolicyInputs
 from pipeline.core.stack import Stack, find_stack
 
-__all__ = ["FRAMEWORKS", "PEERS", "PeerMissing", "framework_module"]
+__all__ = ["FRAMEWORKS", "PEERS", "PeerMissing", "deepspeed_parts", "framework_module"]
 
 FRAMEWORKS = {"torchtitan": "torchtitan", "megatron": "megatron-core", "deepspeed": "deepspeed"}
 """Each framework and the distribution that installs it (``pip install 'pipesplit[peers]'``)."""
@@ -116,14 +116,20 @@ def megatron_cuts(inputs: PolicyInputs, stages: int, account: bool = False) -> l
     return _checked(stack, cuts, "Megatron-Core's rule")
 
 
+def deepspeed_parts(stack: Stack, elements: list[float], stages: int, method: str = "parameters") -> list[int]:
+    """DeepSpeed's ``parts`` (stage boundaries over its layers) for ``method``, from its own partition code."""
+    utils = framework_module("deepspeed", "deepspeed.runtime.utils")
+    weights = stack.items(elements)
+    if method == "uniform":
+        return [int(p) for p in utils.partition_uniform(num_items=len(weights), num_parts=stages)]
+    return [int(p) for p in utils.partition_balanced(weights=weights, num_parts=stages)]
+
+
 def deepspeed_cuts(inputs: PolicyInputs, stages: int, method: str = "parameters") -> list[int]:
     """DeepSpeed's ``PipelineModule`` partition (``parameters``: ``partition_balanced`` over each layer's
     parameters; ``uniform``: ``partition_uniform`` over the layer count) mapped back to our segments."""
     stack = _stack(inputs)
-    utils = framework_module("deepspeed", "deepspeed.runtime.utils")
-    weights = stack.items([float(w) for w in inputs.segment_elements])
-    parts = ([int(p) for p in utils.partition_uniform(num_items=len(weights), num_parts=stages)] if method == "uniform"
-             else [int(p) for p in utils.partition_balanced(weights=weights, num_parts=stages)])
+    parts = deepspeed_parts(stack, [float(w) for w in inputs.segment_elements], stages, method)
     starts = [0, *stack.item_cuts()]
     if any(a >= b for a, b in zip(parts, parts[1:])):
         raise ValueError(f"DeepSpeed's {method} partition {parts} leaves a stage without a layer")
