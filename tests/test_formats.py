@@ -7,9 +7,9 @@ import os
 import subprocess
 import sys
 import textwrap
-import tomllib
 
 import pytest
+import tomllib
 
 from pipeline.core.stack import find_stack
 from pipeline.peers.formats import PlanView, deepspeed, export_to, megatron, torchtitan
