@@ -129,6 +129,14 @@ def export_text(plan: SplitPlan, fmt: str, *, measured: Measured | None = None, 
     return head + out.text
 
 
+def figure_of(doc: dict[str, Any]) -> str:
+    """The measured figure of a best_split.json (speedup or throughput), for the export's heading."""
+    meas = doc.get("measured") or {}
+    metric = meas.get("objective", "speedup")
+    value = meas.get(metric)
+    return f"{value:.3g}{'x' if metric == 'speedup' else ' samples/s'}" if isinstance(value, (int, float)) else ""
+
+
 def study_lookup(doc: dict[str, Any]) -> Measured | None:
     """A lookup of the plans the search behind ``doc`` (its provenance's storage and study) measured."""
     prov = doc.get("provenance") or {}
@@ -171,11 +179,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         doc = SplitPlan.read(args.split)
         plan = SplitPlan.from_dict(doc)
-        meas = doc.get("measured") or {}
-        metric = meas.get("objective", "speedup")
-        figure = f"{meas[metric]:.3g}{'x' if metric == 'speedup' else ' samples/s'}" \
-            if isinstance(meas.get(metric), (int, float)) else ""
-        text = export_text(plan, args.to, measured=study_lookup(doc), figure=figure)
+        text = export_text(plan, args.to, measured=study_lookup(doc), figure=figure_of(doc))
     except PipesplitError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

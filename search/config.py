@@ -11,6 +11,7 @@ from pipeline.cli import ModelArgs
 from pipeline.core import budget
 from pipeline.core.errors import PipesplitError
 from pipeline.core.plan import check_ranks, parse_chunks
+from pipeline.peers.formats import FORMATS
 from search.layouts import parse_per_rank, parse_schedules
 from search.metric import METRICS
 
@@ -24,6 +25,14 @@ DEFAULT_CHUNKS = (1, 2, 4, 8, 16, 32)
 def default_study_name(model: str, stages: int, batch: int, device: str, granularity: str, mode: str = "infer") -> str:
     name = f"{model}-s{stages}-b{batch}-{device}" + ("-train" if mode == "train" else "")
     return name if granularity == "block" else f"{name}-{granularity}"
+
+
+def parse_formats(text: str | None) -> tuple[str, ...]:
+    """``--export-to torchtitan,megatron`` (or ``all``) as format names, in the order given."""
+    if not text:
+        return ()
+    names = [t.strip() for t in text.split(",") if t.strip()]
+    return FORMATS if names == ["all"] else tuple(dict.fromkeys(names))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -55,6 +64,8 @@ class SearchConfig:
     study_name: str | None = None
     out: str | None = None
     """The best split's path (default ``<results_dir>/<study>/best_split.json``)."""
+    export_to: tuple[str, ...] = ()
+    """Frameworks whose format the best split is also written in, beside it (``best_split.<format>.txt``)."""
     results_dir: str = "results"
     profile_dir: str | None = None
     """Where profiles are cached (None: ``$PIPESPLIT_PROFILE_DIR``, else ``<results_dir>/profiles``)."""
@@ -112,6 +123,10 @@ class SearchConfig:
                                  "throughput")
         if self.confirm_top < 0:
             raise PipesplitError(f"--confirm-top must be 0 or more (got {self.confirm_top})")
+        bad = [f for f in self.export_to if f not in FORMATS]
+        if bad:
+            raise PipesplitError(f"--export-to {','.join(bad)} is not a format pipesplit writes: give one or more of "
+                                 f"{', '.join(FORMATS)} (comma-separated) or all")
 
     @classmethod
     def from_args(cls, args: argparse.Namespace, stages: int) -> SearchConfig:
@@ -124,6 +139,7 @@ class SearchConfig:
                    min_trial_seconds=args.min_trial_seconds, trial_timeout_s=args.trial_timeout,
                    confirm_top=args.confirm_top, confirm_rounds=args.confirm_rounds, prune=not args.no_prune,
                    storage=args.storage, study_name=getattr(args, "study_name", None), out=getattr(args, "out", None),
+                   export_to=parse_formats(getattr(args, "export_to", None)),
                    results_dir=args.results_dir, profile_dir=args.profile_dir, progress=not args.no_progress, trace=args.trace,
                    artifact_dir=args.artifact_dir, artifacts=not args.no_artifacts, backend=args.backend or "torch",
                    schedules=parse_schedules(args.schedule), stages_per_rank=parse_per_rank(args.stages_per_rank),

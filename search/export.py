@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -318,3 +319,37 @@ def export_timelines(study: optuna.Study, outdir: Path, confirmation: Confirmati
         write_json(outdir / "timelines.json", spans)
         paths.append(outdir / "timelines.json")
     return paths
+
+
+def check_formats(formats: tuple[str, ...], blocks: tuple[str, ...], label: str) -> None:
+    """Before anything is measured: one line where ``--export-to`` asks for a format this model cannot be
+    written in (no single stack of layers)."""
+    from pipeline.core.errors import PipesplitError
+    from pipeline.core.stack import NoStack, find_stack
+
+    if not formats:
+        return
+    try:
+        find_stack(blocks)
+    except NoStack as e:
+        raise PipesplitError(f"--export-to {','.join(formats)}: {label} cannot be written in a framework's format: "
+                             f"{e}; leave --export-to out") from None
+
+
+def export_formats(best_path: Path, formats: tuple[str, ...]) -> list[Path]:
+    """The best split in each framework's format, beside it (``best_split.<format>.txt``), as
+    ``python -m pipeline.export --split best_split.json --to <format>`` prints it."""
+    from pipeline.core.errors import PipesplitError
+    from pipeline.export import export_text, figure_of, study_lookup
+
+    doc = SplitPlan.read(best_path)
+    plan = SplitPlan.from_dict(doc)
+    out = []
+    for fmt in formats:
+        try:
+            text = export_text(plan, fmt, measured=study_lookup(doc), figure=figure_of(doc))
+        except PipesplitError as e:
+            print(f"warning: the best split was not written for {fmt}: {e}", file=sys.stderr)
+            continue
+        out.append(write_text(best_path.with_name(f"{best_path.stem}.{fmt}.txt"), text))
+    return out

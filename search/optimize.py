@@ -182,7 +182,7 @@ def run_study(cfg: SearchConfig, *, references: bool = False) -> StudyRun:
     from pipeline.ranks.hosts import default_threads, resolve_device
     from pipeline.ranks.launch import open_pool
     from search.confirm import confirm
-    from search.export import export, export_timelines
+    from search.export import check_formats, export, export_formats, export_timelines
     from search.layouts import choose_layouts
     from search.memory import constraint
     from search.notes import save_study_note, study_note
@@ -202,6 +202,7 @@ def run_study(cfg: SearchConfig, *, references: bool = False) -> StudyRun:
     meta = build_meta_model(spec)
     cands = find_candidates(meta, spec, granularity)
     cands.check_stages(cfg.stages, spec.label)
+    check_formats(cfg.export_to, cands.blocks, spec.label)
     stages = cfg.stages
     choice = choose_layouts(cfg.schedules, cfg.stages_per_rank, ranks=stages, mode=cfg.mode,
                             chunks=choose_chunks(cfg.chunks, spec.batch_size, DEFAULT_CHUNKS),
@@ -329,6 +330,9 @@ def run_study(cfg: SearchConfig, *, references: bool = False) -> StudyRun:
     paths = export(study, ctx, outdir, confirmation=confirmation, out=cfg.out, storage_url=cfg.storage,
                    asked=None if cfg.trials is None and cfg.budget_repeats is not None else asked)
     paths += export_timelines(study, outdir, confirmation, artifacts)
+    best_path = Path(cfg.out) if cfg.out else outdir / "best_split.json"
+    if cfg.export_to and best_path in paths:
+        paths += export_formats(best_path, cfg.export_to)
     return StudyRun(study=study, context=ctx, confirmation=confirmation, outdir=outdir, paths=paths + extra,
                     interrupted=interrupted, storage_url=cfg.storage)
 

@@ -29,3 +29,16 @@ def test_a_round_kept_before_the_metric_was_named_reads_as_speedups():
     assert c.metric == "speedup" and c.row(4).values == (1.5, 1.7) and c.row(4).predicted == 1.6
     assert c.row(4).search_value == 1.4 and c.best_trial == 4
     assert Confirmation.from_dict(c.to_dict()) == c
+
+
+def test_each_frameworks_default_rule_is_found_and_compared_with_the_best():
+    from search.export import frameworks_summary
+
+    c = Confirmation(rounds=2, repeats_per_run=2, plans=(row(3, "tpe", [1.5, 1.7, 1.6]),
+                                                         row(1, "torchtitan+megatron", [1.2, 1.3]),
+                                                         row(2, "deepspeed-parameters+uniform", [0.8, 0.8])))
+    assert {k: v.trial for k, v in c.frameworks.items()} == {"torchtitan": 1, "megatron": 1, "deepspeed-parameters": 2}
+    text, data = frameworks_summary(c, "speedup", {"torchtitan-w2": "not installed"})
+    assert data["deepspeed-parameters"]["best_over_it"] == 2.0 and data["torchtitan"]["speedup_spread"] == [1.2, 1.3]
+    assert "1.28x the plan of torchtitan, megatron (1.25, spread 1.20-1.30)" in text
+    assert "2.00x the plan of deepspeed-parameters" in text and "torchtitan-w2 (not installed)" in text

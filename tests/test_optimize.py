@@ -25,7 +25,7 @@ def run_args(tmp, trials):
 @pytest.fixture(scope="module")
 def searched(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("search")
-    assert main(run_args(tmp, 5)) == 0
+    assert main([*run_args(tmp, 5), "--export-to", "all"]) == 0
     return tmp
 
 
@@ -38,6 +38,20 @@ def test_search_exports_a_confirmed_best_split(searched):
     assert "user_attrs_source" in csv and "pippy-equal-size" in csv
     summary = (searched / STUDY / "summary.md").read_text()
     assert "| BEST |" in summary and "pippy-equal-size" in summary
+
+
+def test_the_best_split_is_written_for_each_framework_as_pipeline_export_prints_it(searched, capsys):
+    from pipeline.export import main as export_main
+
+    best = searched / STUDY / "best_split.json"
+    for fmt, key in (("torchtitan", "module_fqns_per_model_part = [["), ("megatron", "--pipeline-model-parallel-layout"),
+                     ("deepspeed", "parts = [0, ")):
+        text = (searched / STUDY / f"best_split.{fmt}.txt").read_text()
+        assert text.startswith(f"# pipesplit's split for {fmt}: 2 stages") and key in text
+        assert export_main(["--split", str(best), "--to", fmt]) == 0
+        assert capsys.readouterr().out == text
+    summary = (searched / STUDY / "summary.md").read_text()
+    assert "Against the frameworks' default rules" in summary or "Frameworks' rules not measured" in summary
 
 
 def test_the_study_holds_the_seeds_and_measured_trials(searched):
@@ -96,6 +110,7 @@ def test_dashboard_lists_the_study_and_its_trials(searched):
     (["--device-memory", "1MiB"], "into 2 stages fits --device-memory 1 MiB: the leanest one's rank"),
     (["--max-stage-memory", "1MiB", "--mode", "train"], "a larger --device-memory: the runtime alone is about"),
     (["--objective", "fastest"], "argument --objective: invalid choice"),
+    (["--export-to", "torchtitan,titan"], "--export-to titan is not a format pipesplit writes"),
     (["--objectives", "speedup,latency"], "--objectives speedup,latency is not one this search knows"),
     (["--objective", "throughput", "--objectives", "speedup"], "--objective throughput and --objectives speedup disagree"),
 ])
