@@ -2,7 +2,8 @@
 
 For each stage count it runs (or resumes) the search study of ``search.optimize``, then re-measures the
 optimizer's best and every reference policy (PiPPy's equal-size, uniform, parameter-, time- and
-FLOP-balanced, the cost model's optimum) in the same interleaved confirmation rounds. It writes
+FLOP-balanced, the cost model's optimum, torchtitan's, Megatron-Core's and DeepSpeed's rules) in the same
+interleaved confirmation rounds. It writes
 ``results/<sweep>/report.md`` with a table per stage count and a generated reading of where each policy
 loses (imbalance, per-microbatch compute, bubbles, communication), plus PNGs linked from the report:
 speedup vs stages, predicted vs measured, measured per-stage timelines of the best and of PiPPy's plan,
