@@ -284,29 +284,35 @@ def budget_line(c: dict[str, int], asked: int | None, budget_repeats: int | None
     return text
 
 
-def timeline_runs(confirmation: Confirmation | None) -> list[tuple[str, int, Any, Any]]:
-    """(role, trial, Timeline, Confirmed) of the confirmed best plan and PiPPy's equal-size plan, from the
-    confirmation round as kept in the study (``search.sweep`` reads the same)."""
+def timeline_runs(confirmation: Confirmation | None, frameworks: bool = False) -> list[tuple[str, int, Any, Any]]:
+    """(role, trial, Timeline, Confirmed) of the confirmed best plan and PiPPy's equal-size plan (with
+    ``frameworks``, each framework default rule's plan too, once per trial), from the confirmation round as
+    kept in the study (``search.sweep`` reads the same)."""
     if confirmation is None:
         return []
-    out = []
-    for role, row in (("best", confirmation.row(confirmation.best_trial)), ("pippy", confirmation.pippy)):
+    rows = [("best", confirmation.row(confirmation.best_trial)), ("pippy", confirmation.pippy)]
+    if frameworks:
+        rows += list(confirmation.frameworks.items())
+    out, seen = [], set()
+    for role, row in rows:
         tl = row.timeline if row is not None else None
-        if row is not None and tl is not None:
+        if row is not None and tl is not None and (role in ("best", "pippy") or row.trial not in seen):
             out.append((role, row.trial, tl, row))
+            seen.add(row.trial)
     return out
 
 
 def export_timelines(study: optuna.Study, outdir: Path, confirmation: Confirmation | None,
                      artifacts: Any = None) -> list[Path]:
-    """Measured Gantt charts of the confirmed best plan and of PiPPy's equal-size plan (PNG + spans JSON),
+    """Measured Gantt charts of the confirmed best plan, PiPPy's equal-size plan and each framework default
+    rule's plan (PNG + spans JSON),
     uploaded to the study as artifacts when a store is given."""
     from pipeline.stage.timeline import render
 
     paths: list[Path] = []
     spans: dict[str, Any] = {}
-    for role, number, tl, row in timeline_runs(confirmation):
-        label = "best plan" if role == "best" else "PiPPy equal-size"
+    for role, number, tl, row in timeline_runs(confirmation, frameworks=True):
+        label = {"best": "best plan", "pippy": "PiPPy equal-size"}.get(role, f"{row.source}'s default rule")
         path = render(tl, outdir / f"timeline_{role}.png",
                       title=f"{label} (trial {number}): {row.plan.describe()} - {figure_label(row.detail)}")
         spans[role] = {"trial": number, **tl.to_dict()}
