@@ -101,3 +101,19 @@ def test_a_model_without_one_stack_is_refused_by_every_rule():
     for name in ("torchtitan", "megatron", "deepspeed-parameters"):
         with pytest.raises(ValueError, match="2 stacks"):
             policy(name).cuts(inputs, 2)
+
+
+@pytest.mark.parametrize("name", ["hf:gpt2", "hf:qwen2", "hf:mistral"])
+def test_each_language_model_family_gets_each_frameworks_plan(name):
+    from pipeline.models.build import build_meta_model, resolve_spec
+    from pipeline.models.candidates import find_candidates
+    from tests.hf_families import tiny_kwargs
+
+    kwargs = tiny_kwargs(name[3:]) | {k: 4 for k in ("num_hidden_layers", "n_layer") if k in tiny_kwargs(name[3:])}
+    spec = resolve_spec(name, kwargs=kwargs, batch_size=2, seq_len=8)
+    cands = find_candidates(build_meta_model(spec), spec)
+    stack = find_stack(cands.blocks)
+    assert stack.layers == 4 and stack.pre >= 1 and cands.blocks[-1] == "lm_head"
+    for rule in DEFAULT_RULES:
+        (point,) = cands.policy_points(rule, 2)
+        assert point.fqn == f"{stack.prefix}.2" and point.kind == "BEGINNING"  # 4 layers, 2 stages: each rule halves
