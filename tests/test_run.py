@@ -31,6 +31,8 @@ def test_help_explains_with_examples(capsys):
     (["--split-points", "blocks.1", "--stages", "3"], "--stages 3 does not match 1 split points"),
     (["--split-points", "blocks.1", "--chunks", "3"], "chunks 3 does not divide batch size 8"),
     (["--split-points", "nope.1"], "'nope.1' is not a module"),
+    (["--stages", "3", "--policy", "megatron"], "policy megatron cannot split 3 stages: Megatron-Core refuses 4 layers "
+     "on 3 stages: num_layers should be divisible by pipeline_model_parallel_size"),
 ])
 def test_bad_input_is_one_line_and_exit_2(capsys, argv, message):
     assert main([*TINY_VIT_ARGS, *argv]) == 2
