@@ -20,6 +20,7 @@ from pipeline.models.fake import fake_copies_allowed, fake_model, module_copy
 from pipeline.models.meta import MetaModel
 from pipeline.models.traces import TraceCache
 from pipeline.models.weights import empty_copy, materialise_module, whole_model
+from pipeline.stage.skips import free_of_grad, grad_needs
 from pipeline.stage.training import aliases, loss_fn, make_optimizer, tied_grads
 
 
@@ -193,6 +194,7 @@ def _build_torch(plan: SplitPlan, meta: MetaModel, x: Batch, rank: int, device: 
     order = first_stage_order(pipe.split_gm)
     held = plan.rank_stages(rank)
     name_of = name_in(meta)
+    needs = grad_needs(pipe.split_gm) if train else {}
     built, own = [], 0
     for i in held:
         on_meta = pipe.get_stage_module(i)
@@ -202,6 +204,8 @@ def _build_torch(plan: SplitPlan, meta: MetaModel, x: Batch, rank: int, device: 
         setattr(pipe.split_gm, target_name, real)
         try:
             built.append(pipe.build_stage(i, device, group))
+            if target_name in needs:  # the rotary cos/sin a Llama sends to every later stage carry no gradient
+                free_of_grad(built[-1], *needs[target_name])
         finally:
             setattr(pipe.split_gm, target_name, on_meta)  # the split stays on meta for the reference
     split_gm = pipe.split_gm
