@@ -49,6 +49,16 @@ def _search(args: argparse.Namespace, stages: int, mode: str, out: Path) -> Path
     return out / study
 
 
+def _fresh(storage: str, name: str) -> None:
+    """A case searched again starts a new study (an old one would be resumed, its trials counted)."""
+    import optuna
+
+    try:
+        optuna.delete_study(study_name=name, storage=storage)
+    except KeyError:
+        pass
+
+
 def _remeasure(storage: str, study_name: str, rounds: int, repeats: int) -> list[dict[str, Any]]:
     import optuna
 
@@ -121,10 +131,13 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     storage = f"sqlite:///{out / 'studies.db'}"
-    report: dict[str, Any] = {"args": vars(args), "cases": {}}
+    saved = out / "peers.json"
+    report: dict[str, Any] = json.loads(saved.read_text()) if saved.exists() else {"cases": {}}
+    report["args"] = vars(args)  # the cases of an earlier run (other stage counts or modes) are kept
     for stages in (int(s) for s in args.stages.split(",")):
         for mode in args.modes.split(","):
             if not args.remeasure_only:
+                _fresh(storage, f"peers-s{stages}-{mode}")
                 _search(args, stages, mode, out)
             rows = _remeasure(storage, f"peers-s{stages}-{mode}", args.rounds, args.repeats)
             report["cases"][f"s{stages}-{mode}"] = rows
