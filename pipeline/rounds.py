@@ -22,6 +22,8 @@ class Interleaved:
 
     results: tuple[tuple[TrialResult, ...], ...]
     failures: dict[int, str] = field(default_factory=dict)
+    round_of: tuple[tuple[int, ...], ...] = ()
+    """The round each of ``results[i]`` was measured in (a failed run leaves its round out)."""
 
     def speedups(self, i: int) -> list[float]:
         return [s for r in self.results[i] for s in r.speedups]
@@ -44,8 +46,9 @@ def interleaved(pool: Pool, plans: Sequence[SplitPlan], rounds: int, *, repeats:
     ``tick(i, result)`` is called after each step (``None`` for a skipped plan), for a progress bar.
     """
     out: list[list[TrialResult]] = [[] for _ in plans]
+    where: list[list[int]] = [[] for _ in plans]
     failures: dict[int, str] = {}
-    for _ in range(rounds):
+    for r in range(rounds):
         for i, plan in enumerate(plans):
             if drop_failed and i in failures:
                 if tick:
@@ -55,8 +58,10 @@ def interleaved(pool: Pool, plans: Sequence[SplitPlan], rounds: int, *, repeats:
                            serial_all=serial and serial_all)
             if res.ok:
                 out[i].append(res)
+                where[i].append(r)
             else:
                 failures.setdefault(i, res.reason)
             if tick:
                 tick(i, res)
-    return Interleaved(results=tuple(tuple(r) for r in out), failures=failures)
+    return Interleaved(results=tuple(tuple(r) for r in out), failures=failures,
+                       round_of=tuple(tuple(w) for w in where))

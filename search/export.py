@@ -28,26 +28,30 @@ def summary_rows(study: optuna.Study, confirmation: Confirmation | None) -> list
     confirmed = {r.trial: r for r in (confirmation.plans if confirmation else ())}
     rows: list[dict[str, Any]] = []
     best_no = confirmation.best_trial if confirmation else None
+    tied = set(confirmation.tied_with) if confirmation else set()
     for t in study.get_trials(deepcopy=False):
         if not t.user_attrs.get(MEASURED):
             continue
-        if not is_seed(t) and t.number != best_no:
+        if not is_seed(t) and t.number != best_no and t.number not in tied:
             continue
         c = confirmed.get(t.number)
+        repeats = [float(v) for v in t.user_attrs.get("repeat_values") or []]
         rows.append({
-            "role": "BEST" if t.number == best_no else "reference",
+            "role": "BEST" if t.number == best_no else "TIED" if t.number in tied else "reference",
             "source": str(t.user_attrs.get("source", SAMPLER)), "trial": t.number,
             "split_points": t.user_attrs.get("split_points"),
             "chunks": t.user_attrs.get("chunks"),
             "predicted": t.user_attrs.get("predicted_value", t.user_attrs.get("predicted_speedup")),
             "measured": value_of(t) if t.state == optuna.trial.TrialState.COMPLETE else None,
             "confirmed": c.median if c else None,
+            "confirmed_spread": list(c.spread) if c and c.values else None,
+            "measured_spread": [min(repeats), max(repeats)] if repeats else None,
             "failed": t.user_attrs.get("fail_reason"),
             "schedule": layout_label(t.user_attrs.get("plan") or {}),
             "peak_mib": [round(b / 2**20) for b in t.user_attrs.get("peak_mem_bytes") or []],
             "predicted_mib": [round(b / 2**20) for b in t.user_attrs.get("predicted_rank_bytes") or []],
         })
-    rows.sort(key=lambda r: (r["role"] != "BEST", -float(r["confirmed"] or r["measured"] or 0)))
+    rows.sort(key=lambda r: (r["role"] != "BEST", r["role"] != "TIED", -float(r["confirmed"] or r["measured"] or 0)))
     return rows
 
 
@@ -86,10 +90,22 @@ def layout_label(plan: dict[str, Any]) -> str:
     return name if v == 1 else f"{name}/V{v}"
 
 
-def summary_table(rows: list[dict[str, Any]], metric: str = "speedup") -> str:
-    """The summary's table: the best and each reference, their schedule, figures (speedup or throughput in
-    samples/s, as ``metric``) and peak memory per stage (measured, and predicted where a budget was given)."""
+def _with_spread(value: Any, spread: Any, fmt: str, ceiling: float | None) -> str:
+    """A figure with its min-max, flagged where a speedup passes the machine's ceiling (noise, not speed)."""
+    text = _fmt(value, fmt)
+    if spread and text != "-":
+        text += f" ({_fmt(spread[0], fmt)}-{_fmt(spread[1], fmt)})"
+    if ceiling and isinstance(value, (int, float)) and value > ceiling:
+        text += f" above the {ceiling:.2f}x ceiling: noise"
+    return text
+
+
+def summary_table(rows: list[dict[str, Any]], metric: str = "speedup", ceiling: float | None = None) -> str:
+    """The summary's table: the best (and the plans tied with it) and each reference, their schedule, figures
+    (speedup or throughput in samples/s, as ``metric``, each with its min-max, a speedup over ``ceiling``
+    flagged) and peak memory per stage (measured, and predicted where a budget was given)."""
     fmt = ".2f" if metric == "speedup" else ".3g"
+    ceiling = ceiling if metric == "speedup" else None
     predicted = any(r.get("predicted_mib") for r in rows)
     head = "speedup" if metric == "speedup" else "samples/s"
     out = [f"| role | source | trial | split points | chunks | schedule | predicted {head} | measured {head} "
@@ -97,11 +113,13 @@ def summary_table(rows: list[dict[str, Any]], metric: str = "speedup") -> str:
            "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |" + (" --- |" if predicted else "")]
     for r in rows:
         pts = ", ".join(r["split_points"] or [])
-        measured = _fmt(r["measured"], fmt) if not r["failed"] else f"failed: {r['failed'][:60]}"
+        measured = _with_spread(r["measured"], r.get("measured_spread"), fmt, ceiling) if not r["failed"] \
+            else f"failed: {r['failed'][:60]}"
         peaks = ", ".join(map(str, r.get("peak_mib") or [])) or "-"
         pred = (" " + (", ".join(map(str, r.get("predicted_mib") or [])) or "-") + " |") if predicted else ""
+        confirmed = _with_spread(r["confirmed"], r.get("confirmed_spread"), fmt, ceiling)
         out.append(f"| {r['role']} | {r['source']} | {r['trial']} | {pts} | {r['chunks']} | {r.get('schedule', 'GPipe')} "
-                   f"| {_fmt(r['predicted'], fmt)} | {measured} | {_fmt(r['confirmed'], fmt)} | {peaks} |{pred}")
+                   f"| {_fmt(r['predicted'], fmt)} | {measured} | {confirmed} | {peaks} |{pred}")
     return "\n".join(out)
 
 
@@ -147,13 +165,22 @@ def export(study: optuna.Study, ctx: SearchContext, outdir: Path, *, confirmatio
         meas[f"search_{metric}"] = value_of(t)
         meas["confirmed"] = bool(row and row.values)
         meas["frameworks"] = frameworks_summary(confirmation, metric)[1]
+        if confirmation is not None and confirmation.best_trial == best_no and confirmation.declared is not None:
+            meas["pipeline_s"] = row.pipeline_s if row else meas.get("pipeline_s")
+            tie = {"tied_with": [{"trial": r.trial, "split_points": list(r.split_points), "chunks": r.chunks,
+                                  "pipeline_s": r.pipeline_s, metric: r.median, f"{metric}_spread": list(r.spread),
+                                  "largest_peak_bytes": r.peak_bytes, "source": r.source,
+                                  "comparison": confirmation.comparisons.get(r.trial)} for r in confirmation.tied],
+                   "tie_reason": confirmation.tie_reason}
+        else:
+            tie = {}
         predicted = {k: t.user_attrs.get(a) for k, a in
                      (("speedup", "predicted_speedup"), ("makespan_s", "predicted_s"),
                       ("bubble_fraction", "predicted_bubble"), ("calibrated", "calibrated_value"),
                       ("ceiling", "predicted_ceiling"), ("rank_bytes", "predicted_rank_bytes"))}
         if metric != "speedup":
             predicted[metric] = t.user_attrs.get("predicted_value")
-        doc = {**plan.to_dict(), "measured": meas, "predicted": predicted,
+        doc = {**plan.to_dict(), **tie, "measured": meas, "predicted": predicted,
                "provenance": provenance(study=study.study_name, trial=best_no, storage=storage_url,
                                         source=t.user_attrs.get("source"), command="search.optimize")}
         best_path = Path(out) if out else outdir / "best_split.json"
@@ -163,14 +190,14 @@ def export(study: optuna.Study, ctx: SearchContext, outdir: Path, *, confirmatio
                                        "duration"))
     paths.append(write_with(outdir / "trials.csv", lambda tmp: df.to_csv(tmp, index=False)))
     rows = summary_rows(study, confirmation)
-    table = summary_table(rows, metric)
+    ceiling = study.user_attrs.get("ceiling")
+    table = summary_table(rows, metric, ceiling)
     budget = budget_line(trial_counts(study) | {"unrun_over_memory": int(study.user_attrs.get("unrun_over_memory", 0))},
                          asked, ctx.budget_repeats)
     share = timed_share(study)
     if share is not None:
         budget += (f" The measured trials spent {share:.0%} of their wall time in timed repeats (the rest: building "
                    "stages, output checks, warm-up, the driver).")
-    ceiling = study.user_attrs.get("ceiling")
     if ceiling and metric == "speedup":
         stages = (study.user_attrs.get("config") or {}).get("stages", "?")
         budget += (f" Ceiling: {ceiling:.2f}x is the most speedup this machine can give {stages} stages (cores / "
@@ -192,6 +219,9 @@ def export(study: optuna.Study, ctx: SearchContext, outdir: Path, *, confirmatio
                        + (f" (the smallest largest-stage peak was {format_size(min(peaks))})" if peaks else "")
                        + (f"; {unrun} plan{'s' if unrun != 1 else ''} predicted over it did not run" if unrun else "")
                        + ", so no best split was written: raise the limit, or add stages or stages per rank.")
+    decided = confirmation.verdict() if confirmation else ""
+    if decided:
+        budget += " " + decided
     peers = frameworks_summary(confirmation, metric, study.user_attrs.get("frameworks_unseeded"))[0]
     if peers:
         budget += " " + peers
@@ -199,8 +229,9 @@ def export(study: optuna.Study, ctx: SearchContext, outdir: Path, *, confirmatio
     if front:
         table += "\n\n" + front
     text = (f"# {study.study_name}\n\n{budget}\n\n"
-            f"Plans are ranked by {ctx.metric.words}; 'confirmed' is the median of the interleaved confirmation "
-            "round.\n\n" + table + "\n")
+            f"Plans are measured by {ctx.metric.words}; the confirmation round compares them by their own pipeline "
+            "seconds, paired within each interleaved round ('confirmed': the round's median, a speedup over the "
+            "pooled serial seconds of its round; min-max in brackets).\n\n" + table + "\n")
     paths.append(write_text(outdir / "summary.md", text))
     print(table)
     print(budget)

@@ -11,6 +11,8 @@ same code for both; only the numbers and their words differ.
 from __future__ import annotations
 
 import math
+import statistics
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from pipeline.core.errors import PipesplitError
@@ -65,12 +67,17 @@ class Metric:
             return "-"
         return f"{value:.2f}x" if self.speedup else f"{value:.3g}/s"
 
-    def repeats(self, result: TrialResult) -> list[float]:
-        """The figure of each timed repeat of a result."""
+    def repeats(self, result: TrialResult, serial_s: float | None = None) -> list[float]:
+        """The figure of each timed repeat of a result; a speedup over ``serial_s`` (the pooled serial seconds
+        of a time window, ``pooled_serial``) where given, so that plans differ by their pipeline seconds only."""
+        if self.speedup and serial_s:
+            return [serial_s / p for p in result.pipeline_s if p > 0]
         return list(result.speedups) if self.speedup else list(result.throughputs)
 
-    def of(self, result: TrialResult) -> float:
-        """The result's figure: the median over its repeats."""
+    def of(self, result: TrialResult, serial_s: float | None = None) -> float:
+        """The result's figure: the median over its repeats (a speedup over ``serial_s`` where given)."""
+        if self.speedup and serial_s:
+            return statistics.median(self.repeats(result, serial_s))
         return result.speedup if self.speedup else result.throughput
 
     def spread(self, result: TrialResult) -> tuple[float, float]:
@@ -81,3 +88,15 @@ class Metric:
         if self.speedup:
             return speedup
         return self.batch / step_s if step_s > 0 else 0.0
+
+
+WINDOW = 3
+"""Measured trials before a trial whose serial runs are pooled with its own (``pooled_serial``)."""
+
+
+def pooled_serial(own: Sequence[float], earlier: Sequence[Sequence[float]], window: int = WINDOW) -> float | None:
+    """The median serial seconds of a trial's own repeats and those of the ``window`` measured trials before it:
+    a search trial's speedup divides this by its pipeline seconds, so that two plans compare by their own
+    pipeline seconds and one slow serial repeat does not crown a plan (None: no serial run to pool)."""
+    samples = [*own, *(x for runs in list(earlier)[-window:] if window > 0 for x in runs)]
+    return statistics.median(samples) if samples else None

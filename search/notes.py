@@ -85,7 +85,9 @@ def save_trial_note(trial: optuna.Trial, names: Sequence[str], state: str, artif
                                 metric=metric, budget=budget))
 
 
-def study_note(config: Mapping[str, Any], space_size: int, ceiling: float | None) -> str:
+def study_note(config: Mapping[str, Any], space_size: int, ceiling: float | None, decided: str = "") -> str:
+    """The study's note on the dashboard: how to read its trials, and (``decided``) what the confirmation round
+    decided: the best, or the plans tied with it and how the tie was broken."""
     return "\n".join([
         f"## pipesplit search: {config.get('model')} on {config.get('stages')} ranks (--stages {config.get('stages')})",
         "",
@@ -107,6 +109,7 @@ def study_note(config: Mapping[str, Any], space_size: int, ceiling: float | None
         "- Pruned trials without intermediate values were pruned by the cost model and never ran.",
         *([f"- Ceiling: {ceiling:.2f}x is the most this machine can give this many stages."]
           if ceiling and config.get("objective", "speedup") == "speedup" else []),
+        *([f"- **Confirmation round**: {decided}"] if decided else []),
     ]) + "\n"
 
 

@@ -19,7 +19,7 @@ from pipeline.core.result import TrialResult, merged
 from search.context import SearchContext, plan_key
 from search.coordination import MEASURED, SAMPLER, measured_trials, skip_reason, value_of, worker_id
 from search.memory import OVER_MEMORY, over_limit, predicted_over
-from search.metric import Metric
+from search.metric import Metric, pooled_serial
 from search.notes import save_trial_note
 from search.pruning import PRUNE_STREAK, budget_covers_rest, prune_reason
 from search.racing import band, best_value, study_cv
@@ -104,7 +104,8 @@ class Objective:
             trial.set_user_attr("fail_reason", "interrupted")
             raise
         ctx.results[trial.number] = result
-        for k, v in result_attrs(result, ctx.metric).items():
+        serial = self._serial(trial, result)
+        for k, v in result_attrs(result, ctx.metric, serial).items():
             trial.set_user_attr(k, v)
         if result.ok and result.events and prediction is not None and prediction.stage_s and ctx.profile.machine:
             spans = [[(a, b) for _, a, b in ev] for ev in result.events]
@@ -123,8 +124,16 @@ class Objective:
         if raced:
             raise optuna.TrialPruned(str(trial.user_attrs.get("raced_out")))
         if ctx.memory_objective:
-            return ctx.metric.of(result), max(result.peak_mem_bytes) / 2**20
-        return ctx.metric.of(result)
+            return ctx.metric.of(result, serial), max(result.peak_mem_bytes) / 2**20
+        return ctx.metric.of(result, serial)
+
+    def _serial(self, trial: optuna.Trial, result: TrialResult) -> float | None:
+        """The serial seconds a speedup divides: this trial's and the last few measured trials', pooled."""
+        if not self.ctx.metric.speedup or not result.serial_s:
+            return None
+        earlier = [t.user_attrs["serial_s"] for t in measured_trials(self.ctx.study)
+                   if t.number < trial.number and isinstance(t.user_attrs.get("serial_s"), list)]
+        return pooled_serial(result.serial_s, earlier)
 
     def _race(self, trial: optuna.Trial, plan: SplitPlan, *, seed: bool) -> tuple[TrialResult, bool]:
         """Measure ``plan`` on one built stage in steps of ceil(base / 2) repeats (one repeat at a time at
@@ -152,7 +161,8 @@ class Objective:
             trial.set_user_attr("repeats", k)
             if not result.ok:
                 return result, False
-            figures = ctx.metric.repeats(result)
+            serial = self._serial(trial, result)
+            figures = ctx.metric.repeats(result, serial)
             for j in range(reported + 1, k + 1):
                 if not ctx.memory_objective:  # Optuna reports (and prunes) single-objective trials only
                     trial.report(statistics.median(figures[:j]) if figures[:j] else float("nan"), step=j)
@@ -164,10 +174,10 @@ class Objective:
                 cv = study_cv(ctx.study)
                 fmt = ctx.metric.fmt
                 trial.set_user_attr("raced_out", f"after {k} repeat{'s' if k > 1 else ''} at "
-                                    f"{fmt(ctx.metric.of(result))}, more than {band(cv, k):.1%} behind the best "
+                                    f"{fmt(ctx.metric.of(result, serial))}, more than {band(cv, k):.1%} behind the best "
                                     f"{fmt(best or 0.0)}")
                 return result, True
-            if k >= base and (best is None or ctx.metric.of(result) < best):
+            if k >= base and (best is None or ctx.metric.of(result, serial) < best):
                 return result, False  # not a new best (or the first plan): the base repeats rank it well enough
             limit = base if k < base else cap
             parts.append(ctx.pool.run(plan, repeats=min(step, limit - k), resume=True, **kw))
@@ -240,9 +250,10 @@ class Objective:
         return str(artifact_id)
 
 
-def result_attrs(result: TrialResult, metric: Metric) -> dict[str, Any]:
+def result_attrs(result: TrialResult, metric: Metric, serial_s: float | None = None) -> dict[str, Any]:
     """A trial's user attributes: a subset of the result's one JSON shape (``TrialResult.measured``), and its
-    figure (``value``, per repeat ``repeat_values``) in the study's metric."""
+    figure (``value``, per repeat ``repeat_values``) in the study's metric (a speedup over ``serial_s``, the
+    pooled serial seconds, where given; ``speedup`` stays the median of the repeats' own ratios)."""
     if not result.ok:
         return {"fail_reason": result.reason}
     m = result.measured()
@@ -251,7 +262,7 @@ def result_attrs(result: TrialResult, metric: Metric) -> dict[str, Any]:
             "throughput_spread", "tokens_per_s")
     speedup = {"speedup": result.speedup, "speedups": list(result.speedups)} if result.serial_s else {}
     return {**{k: m[k] for k in keep}, "measured_s": statistics.median(result.pipeline_s), "output_check": "ok",
-            "trial_wall_s": result.wall_s, **speedup, "value": metric.of(result),
-            "repeat_values": metric.repeats(result),
+            "trial_wall_s": result.wall_s, **speedup, "value": metric.of(result, serial_s),
+            "repeat_values": metric.repeats(result, serial_s), **({"serial_pool_s": serial_s} if serial_s else {}),
             **({"breakdown": m["breakdown"]} if m.get("breakdown") else {}),
             **({"actions": result.extra["actions"]} if result.extra.get("actions") else {})}

@@ -321,6 +321,8 @@ def run_study(cfg: SearchConfig, *, references: bool = False) -> StudyRun:
                 confirmation = confirm(study, pool, top=cfg.confirm_top, rounds=cfg.confirm_rounds, repeats=repeats,
                                        timeout_s=cfg.trial_timeout_s, references=references, progress=cfg.progress,
                                        metric=metric)
+                save_study_note(study, study_note(config, space.size, study.user_attrs.get("ceiling"),
+                                                  decided=confirmation.verdict()))
             if cfg.trace:
                 extra += _trace_best(ctx, confirmation, outdir / "traces")
         except KeyboardInterrupt:

@@ -47,3 +47,25 @@ def test_a_prediction_is_the_batch_over_its_step_time_or_its_speedup(speedup, st
     assert Metric(name="speedup", batch=batch).predicted(speedup, step_s) == speedup
     assert math.isclose(Metric(name="throughput", batch=batch).predicted(speedup, step_s), batch / step_s)
     assert Metric(name="throughput", batch=batch).predicted(speedup, 0.0) == 0.0
+
+
+def test_a_speedup_over_the_pooled_serial_seconds_ranks_plans_by_their_pipeline_seconds():
+    from search.metric import pooled_serial
+
+    # one slow serial repeat (6 s) would crown this plan by its own paired ratios; pooled, it cannot
+    r = TrialResult(plan=PLAN, ok=True, serial_s=(6.0, 4.0), pipeline_s=(2.0, 2.0))
+    pool = pooled_serial(r.serial_s, [[4.0, 4.1], [3.9, 4.0], [4.0, 4.0], [9.0, 9.0]], window=3)
+    assert pool == 4.0 and pooled_serial((), []) is None
+    speed = Metric(name="speedup", batch=8)
+    assert speed.of(r) == 2.5 and speed.of(r, pool) == 2.0 and speed.repeats(r, pool) == [2.0, 2.0]
+    assert Metric(name="throughput", batch=8).of(r, pool) == 4.0  # a throughput has no serial to pool
+
+
+@given(st.lists(st.floats(0.1, 10), min_size=1, max_size=6), st.lists(st.lists(st.floats(0.1, 10), max_size=4), max_size=6),
+       st.integers(0, 5))
+def test_the_pooled_serial_lies_within_its_samples(own, earlier, window):
+    from search.metric import pooled_serial
+
+    got = pooled_serial(own, earlier, window)
+    samples = [*own, *(x for r in (earlier[-window:] if window else []) for x in r)]
+    assert min(samples) <= got <= max(samples)

@@ -271,3 +271,31 @@ def test_a_two_objective_study_keeps_speedup_and_peak_memory_and_lists_its_paret
     assert done and all(t.values[1] == pytest.approx(max(t.user_attrs["peak_mem_bytes"]) / 2**20) for t in done)
     assert "Pareto front" in capsys.readouterr().out
     assert next(tmp_path.glob("*/best_split.json")).exists()
+
+
+def test_the_same_plan_measured_twice_is_named_a_tie(tmp_path, capsys):
+    import optuna
+
+    from pipeline.core.plan import SplitPlan, SplitPoint
+    from pipeline.models.build import resolve_spec
+    from tests.conftest import TINY_VIT
+
+    storage = f"sqlite:///{tmp_path}/o.db"
+    spec = resolve_spec("deit_tiny_patch16_224", kwargs=TINY_VIT, batch_size=8)
+    study = optuna.create_study(study_name="twice", storage=storage)
+    # one plan spelt two ways (a cut before blocks.2, a cut after blocks.1): the same stages, measured twice
+    for source, point in (("by-hand-begin", SplitPoint("blocks.2")), ("by-hand-end", SplitPoint("blocks.1", "END"))):
+        plan = SplitPlan(model=spec, split_points=(point,), chunks=2, threads_per_stage=1)
+        study.enqueue_trial({}, user_attrs={"source": source, "fixed_plan": plan.to_dict()})
+    args = [*TINY_VIT_ARGS, "--stages", "2", "--chunks", "2", "--trials", "2", "--repeats", "1", "--min-trial-seconds",
+            "0", "--confirm-rounds", "1", "--threads-per-stage", "1", "--no-progress", "--storage", storage,
+            "--study-name", "twice", "--results-dir", str(tmp_path)]
+    assert main(args) == 0
+    summary = (tmp_path / "twice" / "summary.md").read_text()
+    assert "| BEST | by-hand-" in summary and "| TIED | by-hand-" in summary
+    assert "Tied: trials 0, 1 cannot be separated after 1 more round of them" in summary and "tie broken in favour of" in summary
+    doc = json.loads((tmp_path / "twice" / "best_split.json").read_text())
+    (other,) = doc["tied_with"]
+    assert {other["source"], doc["provenance"]["source"]} == {"by-hand-begin", "by-hand-end"} and doc["tie_reason"]
+    note = optuna.load_study(study_name="twice", storage=storage).user_attrs
+    assert note["confirmation"]["tied_with"] == [other["trial"]]

@@ -43,3 +43,15 @@ def test_the_budget_line_names_the_repeat_budget_and_a_small_space():
     line = budget_line(counts | {"measured": 4, "seeds": 2, "unrun_over_memory": 3416}, asked=6)
     assert "every plan left was predicted over --device-memory: the 3416 plans without a trial" in line
     assert "stopped short" not in line
+
+
+def test_every_figure_keeps_its_spread_and_a_speedup_over_the_ceiling_is_flagged():
+    rows = [{"role": "BEST", "source": "sampler", "trial": 7, "split_points": ["blocks.2"], "chunks": 4, "predicted": 1.8,
+             "measured": 2.05, "measured_spread": [1.9, 2.2], "confirmed": 1.95, "confirmed_spread": [1.8, 2.1],
+             "failed": None},
+            {"role": "TIED", "source": "sampler", "trial": 9, "split_points": ["blocks.3"], "chunks": 2, "predicted": 1.7,
+             "measured": 1.9, "confirmed": 1.93, "confirmed_spread": [1.85, 2.0], "failed": None}]
+    lines = summary_table(rows, ceiling=2.0).splitlines()
+    assert "| 2.05 (1.90-2.20) above the 2.00x ceiling: noise | 1.95 (1.80-2.10) |" in lines[2]
+    assert lines[3].startswith("| TIED | sampler | 9 |") and "| 1.93 (1.85-2.00) |" in lines[3]
+    assert "ceiling" not in summary_table(rows, metric="throughput", ceiling=2.0)
