@@ -229,7 +229,7 @@ def export(study: optuna.Study, ctx: SearchContext, outdir: Path, *, confirmatio
     if front:
         table += "\n\n" + front
     text = (f"# {study.study_name}\n\n{budget}\n\n"
-            f"Plans are measured by {ctx.metric.words}; the confirmation round compares them by their own pipeline "
+            f"Plans are ranked by {ctx.metric.words}; the confirmation round compares them by their own pipeline "
             "seconds, paired within each interleaved round ('confirmed': the round's median, a speedup over the "
             "pooled serial seconds of its round; min-max in brackets).\n\n" + table + "\n")
     paths.append(write_text(outdir / "summary.md", text))

@@ -114,6 +114,9 @@ def build_parser(prog: str, description: str, epilog: str, *, sweep: bool = Fals
     if not sweep:
         s.add_argument("--study-name", default=None, help="default: <model>-s<stages>-b<batch>-<device>")
         s.add_argument("--out", default=None, help="best split JSON (default results/<study>/best_split.json)")
+        s.add_argument("--export-to", default=None, metavar="FORMATS",
+                       help="also write the best split for torchtitan, megatron and/or deepspeed (comma-separated, or "
+                       "all) beside best_split.json, as best_split.<format>.txt (python -m pipeline.export prints it)")
     s.add_argument("--results-dir", default="results", help="where results/<study>/ goes (default results)")
     s.add_argument("--profile-dir", default=None, metavar="DIR",
                    help="where the cost model's profiles are cached, shared by every study that names it (default "
