@@ -70,9 +70,12 @@ def frameworks_summary(confirmation: Confirmation | None, metric: str,
                       metric: row.median, f"{metric}_spread": list(row.spread), "best_over_it": ratio}
         grouped.setdefault(row.trial, []).append(rule)
     parts = []
-    for rules in grouped.values():
+    for trial, rules in grouped.items():
         d = data[rules[0]]
         lo, hi = d[f"{metric}_spread"]
+        if best is not None and trial == best.trial:
+            parts.append(f"the default plan of {', '.join(rules)} itself")
+            continue
         parts.append(f"{d['best_over_it']:.2f}x the plan of {', '.join(rules)} ({d[metric]:{fmt}}, spread {lo:{fmt}}-{hi:{fmt}})")
     text = ""
     if best and parts:

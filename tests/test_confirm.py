@@ -42,6 +42,8 @@ def test_each_frameworks_default_rule_is_found_and_compared_with_the_best():
     assert data["deepspeed-parameters"]["best_over_it"] == 2.0 and data["torchtitan"]["speedup_spread"] == [1.2, 1.3]
     assert "1.28x the plan of torchtitan, megatron (1.25, spread 1.20-1.30)" in text
     assert "2.00x the plan of deepspeed-parameters" in text and "torchtitan-w2 (not installed)" in text
+    same = Confirmation(rounds=1, repeats_per_run=2, plans=(row(3, "costmodel-optimum+torchtitan", [1.5, 1.6]),))
+    assert "is the default plan of torchtitan itself" in frameworks_summary(same, "speedup")[0]
 
 
 def timed(trial, seconds, chunks=4, peak=None, source="tpe"):
