@@ -18,7 +18,7 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-__all__ = ["CONFIDENCE", "MIN_PAIRS", "Comparison", "Contender", "break_tie", "compare", "paired_log_ratios"]
+__all__ = ["CONFIDENCE", "MEMORY_MARGIN", "MIN_PAIRS", "Comparison", "Contender", "break_tie", "compare", "paired_log_ratios"]
 
 CONFIDENCE = 0.95
 RESAMPLES = 2000
@@ -78,22 +78,35 @@ class Contender:
     median_s: float
 
 
+MEMORY_MARGIN = 0.02
+"""Peaks closer than this share are the same peak: a process's resident memory varies by tens of MiB between
+runs of one plan, so a tie is not broken by 12 MiB of it (as one of issue 30's searches first did)."""
+
+
 def break_tie(tied: Sequence[Contender]) -> tuple[Contender, str]:
-    """The plan a tie goes to (lower largest-stage peak memory, then fewer chunks, then the faster median) and
-    one sentence saying why."""
+    """The plan a tie goes to (the lower largest-stage peak memory, by more than ``MEMORY_MARGIN``, then fewer
+    chunks, then the faster median) and one sentence saying why."""
     inf = float("inf")
-    ranked = sorted(tied, key=lambda c: (inf if c.largest_peak_bytes is None else c.largest_peak_bytes, c.chunks,
-                                         c.median_s, c.trial))
+
+    def peak(c: Contender) -> float:
+        return inf if c.largest_peak_bytes is None else float(c.largest_peak_bytes)
+
+    low = min(peak(c) for c in tied)
+    lean = [c for c in tied if peak(c) <= low * (1 + MEMORY_MARGIN)]
+    ranked = sorted(lean, key=lambda c: (c.chunks, c.median_s, c.trial))
     win = ranked[0]
-    if len(ranked) == 1:
+    if len(tied) == 1:
         return win, "no tie"
-    other = ranked[1]
-    if win.largest_peak_bytes is not None and other.largest_peak_bytes is not None \
-            and win.largest_peak_bytes < other.largest_peak_bytes:
-        why = (f"the lower largest-stage peak memory ({win.largest_peak_bytes / 2**20:.0f} MiB against "
-               f"{other.largest_peak_bytes / 2**20:.0f} MiB of trial {other.trial})")
-    elif win.chunks < other.chunks:
-        why = f"the same peak memory and fewer chunks ({win.chunks} against {other.chunks} of trial {other.trial})"
+    heavier = [c for c in tied if c not in lean]
+    if heavier and len(lean) == 1:
+        other = min(heavier, key=peak)
+        why = (f"the lower largest-stage peak memory ({peak(win) / 2**20:.0f} MiB against "
+               f"{peak(other) / 2**20:.0f} MiB of trial {other.trial})")
+    elif ranked[1:] and win.chunks < ranked[1].chunks:
+        why = (f"peak memory within {MEMORY_MARGIN:.0%} and fewer chunks ({win.chunks} against {ranked[1].chunks} of "
+               f"trial {ranked[1].trial})")
     else:
-        why = f"the same peak memory and chunks, and the faster median ({win.median_s:.4g} s against {other.median_s:.4g} s)"
+        other = ranked[1] if ranked[1:] else min(heavier, key=peak)
+        why = (f"peak memory within {MEMORY_MARGIN:.0%}, the same chunks, and the faster median ({win.median_s:.4g} s "
+               f"against {other.median_s:.4g} s of trial {other.trial})")
     return win, f"tie broken in favour of trial {win.trial} by {why}"

@@ -60,6 +60,10 @@ def test_a_tie_goes_to_the_lower_peak_then_the_fewer_chunks():
     b = Contender(trial=2, largest_peak_bytes=800 * 2**20, chunks=16, median_s=1.01)
     win, why = break_tie([a, b])
     assert win.trial == 2 and "lower largest-stage peak memory (800 MiB against 900 MiB of trial 1)" in why
-    c = Contender(trial=3, largest_peak_bytes=800 * 2**20, chunks=4, median_s=1.02)
+    c = Contender(trial=3, largest_peak_bytes=810 * 2**20, chunks=4, median_s=1.02)  # 10 MiB more: the same peak
     win, why = break_tie([a, b, c])
-    assert win.trial == 3 and "fewer chunks (4 against 16 of trial 2)" in why
+    assert win.trial == 3 and "peak memory within 2% and fewer chunks (4 against 16 of trial 2)" in why
+    d = Contender(trial=4, largest_peak_bytes=805 * 2**20, chunks=4, median_s=1.00)
+    win, why = break_tie([c, d])
+    assert win.trial == 4 and "the same chunks, and the faster median (1 s against 1.02 s of trial 3)" in why
+    assert break_tie([a])[1] == "no tie"
