@@ -243,8 +243,8 @@ def plan_from_args(args: argparse.Namespace) -> SplitPlan:
     return plan
 
 
-def format_result(result: TrialResult) -> str:
-    """A short human report of one trial."""
+def format_result(result: TrialResult, ceiling: float | None = None) -> str:
+    """A short human report of one trial; a speedup above ``ceiling`` (the machine's most) is flagged."""
     lines = []
     if not result.ok:
         return f"trial failed: {result.reason}"
@@ -257,6 +257,9 @@ def format_result(result: TrialResult) -> str:
         lo, hi = result.speedup_spread
         lines.append(f"speedup{step} {result.speedup:.2f}x (spread {lo:.2f}-{hi:.2f} over {len(result.pipeline_s)} "
                      "repeats) vs the serial model on one stage's threads")
+        if ceiling and result.speedup > ceiling:
+            lines[-1] += (f": above the {ceiling:.2f}x this machine's cores can give {result.plan.ranks} stages of "
+                          f"{result.plan.threads_per_stage} thread(s), so noise (a slow serial repeat), not speed")
     else:
         lines.append("no speedup: the serial model was not timed (the whole model does not fit --device-memory)")
     if result.serial_all_s:
@@ -295,6 +298,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     from pipeline.core.atomic import check_writable, write_json
     from pipeline.export import document
+    from pipeline.ranks.hosts import cpu_ceiling
     from pipeline.ranks.launch import follower_exit
 
     try:
@@ -314,7 +318,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if not prediction.ranks[0].serial:  # rank 0 cannot hold the whole model beside its stage
             cfg = dataclasses.replace(cfg, serial=False)
         result = run_plan(plan, cfg)
-        print(format_result(result))
+        print(format_result(result, cpu_ceiling(plan.ranks, plan.threads_per_stage) if plan.device == "cpu" else None))
         for t in result.traces:
             print(f"wrote {t}")
         if args.timeline and result.ok:

@@ -30,7 +30,7 @@ from pipeline.rounds import interleaved
 from pipeline.stage.timeline import Timeline
 from search.coordination import is_seed, measured_trials, value_of
 from search.metric import Metric
-from search.ties import CONFIDENCE, Comparison, Contender, break_tie, compare
+from search.ties import CONFIDENCE, MIN_PAIRS, Comparison, Contender, break_tie, compare
 
 __all__ = ["Confirmation", "Confirmed", "confirm", "decide"]
 
@@ -150,8 +150,12 @@ class Confirmation:
                           for t, c in comps.items() if t in group)
         extra = f" after {self.extra_rounds} more round{'s' if self.extra_rounds != 1 else ''} of them" \
             if self.extra_rounds else ""
+        pairs = min((c.pairs for t, c in comps.items() if t in group), default=0)
+        runs = f"{pairs} pair{'s' if pairs != 1 else ''} of runs separate{'s' if pairs == 1 else ''}"
+        few = (f" {runs} no two plans (the rule needs {MIN_PAIRS}): more --confirm-rounds or --repeats give it more."
+               if pairs < MIN_PAIRS else "")
         return (f"Tied: trials {', '.join(map(str, group))} cannot be separated{extra} ({rule}; against the fastest: "
-                f"{shown}). The {self.tie_reason}.")
+                f"{shown}). The {self.tie_reason}.{few}")
 
     @property
     def best_trial(self) -> int | None:
@@ -283,6 +287,8 @@ def confirm(study: optuna.Study, pool: Pool, *, top: int, rounds: int, repeats: 
 
     metric = metric or Metric(name="speedup", batch=1)
     extra_rounds = rounds if extra_rounds is None else extra_rounds
+    if (rounds + extra_rounds) * repeats < MIN_PAIRS:
+        extra_rounds = 0  # too few pairs even after them to separate two plans: rounds that cannot change a tie
     chosen = _chosen(study, top, references)
     plans = [SplitPlan.from_dict(t.user_attrs["plan"]) for t in chosen]
     data: list[dict[int, TrialResult]] = [{} for _ in chosen]

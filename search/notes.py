@@ -45,8 +45,11 @@ def trial_note(attrs: Mapping[str, Any], names: Sequence[str], *, number: int, s
     lines += [f"- stage {k}: {r}" for k, r in enumerate(stage_ranges(starts, list(names)), 1)]
     spread = attrs.get(f"{metric}_spread") or []
     measured = attrs.get("value", attrs.get(metric))
+    ceiling = attrs.get("predicted_ceiling") if metric == "speedup" else None
+    flag = (f" (above the {ceiling:.2f}x this machine's cores can give: noise)"
+            if isinstance(ceiling, (int, float)) and isinstance(measured, (int, float)) and measured > ceiling else "")
     lines += ["", f"| | {metric} |", "|---|---|",
-              f"| measured (median of {attrs.get('repeats', '?')} repeats) | {_x(measured, metric)} |",
+              f"| measured (median of {attrs.get('repeats', '?')} repeats) | {_x(measured, metric)}{flag} |",
               f"| spread of repeats | {_x(spread[0], metric) if spread else '-'} .. "
               f"{_x(spread[-1], metric) if spread else '-'} |",
               f"| predicted by the cost model | {_x(attrs.get('predicted_value', attrs.get('predicted_speedup')), metric)} |",

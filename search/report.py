@@ -144,7 +144,7 @@ def _pair(predicted: str, measured: str) -> str:
     return f"{predicted} / {measured}" if predicted != "-" or measured != "-" else "-"
 
 
-def table(rows: list[PolicyRow]) -> str:
+def table(rows: list[PolicyRow], ceiling: float | None = None) -> str:
     out = ["| policy | stages (block ranges) | chunks | schedule | predicted | measured | spread "
            "| step s predicted / measured | peak MiB per stage predicted / measured |",
            "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
@@ -152,6 +152,8 @@ def table(rows: list[PolicyRow]) -> str:
         name = f"**best** ({r.source})" if r.best else r.source
         ranges = " \\| ".join(f"`{x}`" for x in r.stage_ranges)
         measured = f"failed: {r.failed[:80]}" if r.failed else _fmt(r.measured)
+        if ceiling and not r.failed and r.measured > ceiling:
+            measured += f" (above the {ceiling:.2f}x ceiling: noise)"
         step = _pair(_fmt(r.predicted_s), _fmt(r.measured_s))
         mem = _pair(", ".join(map(str, r.predicted_mib)) or "-", ", ".join(map(str, r.peak_mib)) or "-")
         out.append(f"| {name} | {ranges} | {r.chunks} | {r.schedule} | {_fmt(r.predicted)} | {measured} "
@@ -187,8 +189,13 @@ def markdown(title: str, rows: list[PolicyRow], *, plots: dict[str, str], meta: 
         rs = [r for r in rows if r.stages == s]
         best = next((r for r in rs if r.best), None)
         pippy = next((r for r in rs if PIPPY in r.policies), None)
+        ceiling = (meta.get("ceilings") or {}).get(str(s)) if speedup else None
         lines.append(f"## {s} stages" + (f" (ideal {s}x)" if speedup else ""))
         lines.append("")
+        if ceiling and ceiling < s:
+            lines.append(f"This machine's ceiling is {ceiling:.2f}x for {s} stages (its cores / threads per stage): a "
+                         "measured speedup above it is noise, flagged where it is shown.")
+            lines.append("")
         if best and pippy and best is pippy:
             lines.append(f"The best plan is PiPPy's equal-size split: {fig(best.measured)}"
                          + (f", {best.measured / s:.0%} of the ideal." if speedup else "."))
@@ -201,7 +208,7 @@ def markdown(title: str, rows: list[PolicyRow], *, plots: dict[str, str], meta: 
                          + (" Their spreads overlap: the difference is within this machine's run-to-run noise."
                             if overlap else ""))
             lines.append("")
-        lines.append(table(rs))
+        lines.append(table(rs, ceiling))
         lines.append("")
         if speedup:  # the losses are read against the S-fold ideal, which a throughput has not
             lines.append("Where each loses:")

@@ -230,7 +230,8 @@ def write_report(studies: dict[int, Any], outdir: Path, *, spec: Any, device: st
     meta = {"model": spec.label, "batch_size": spec.batch_size, "device": device,
             "threads": f"{'/'.join(map(str, threads))} thread(s) per stage",
             "date": time.strftime("%Y-%m-%d %H:%M"), "studies": {s: st.study_name for s, st in studies.items()},
-            "objective": figure}
+            "objective": figure, "ceilings": {str(s): float(st.user_attrs["ceiling"]) for s, st in studies.items()
+                                              if st.user_attrs.get("ceiling") and figure == "speedup"}}
     text = markdown(title, rows, plots=made, meta=meta)
     report = write_text(outdir / "report.md", text)
     write_json(outdir / "sweep.json", {"meta": meta, "rows": [r.to_dict() for r in rows],

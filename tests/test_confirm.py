@@ -76,6 +76,8 @@ def test_a_tie_is_said_with_its_rule_and_how_it_was_broken_and_survives_the_stud
     text = c.verdict()
     assert text.startswith("Tied: trials 1, 2 cannot be separated after 1 more round of them (paired pipeline seconds, "
                            "95% bootstrap interval") and "The tie broken in favour of trial 2" in text
+    assert text.endswith("4 pairs of runs separate no two plans (the rule needs 6): more --confirm-rounds or --repeats "
+                         "give it more.")
     assert Confirmation.from_dict(c.to_dict()) == c
     alone = Confirmation(rounds=1, repeats_per_run=2, plans=(a,), declared=1)
     assert alone.verdict() == "Trial 1 is the only plan the round measured."

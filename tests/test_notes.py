@@ -15,6 +15,14 @@ def test_a_trial_note_shows_the_plan_by_name_and_predicted_beside_measured():
     assert "rank 0: peak 200 MiB, rank 1: peak 100 MiB" in note and "![measured timeline](/artifacts/1/7/abc)" in note
 
 
+def test_a_measured_speedup_above_the_machines_ceiling_is_flagged_in_the_note():
+    attrs = {"source": "sampler", "split_points": ["blocks.3"], "chunks": 8, "value": 2.06, "repeats": 2,
+             "predicted_ceiling": 2.0}
+    note = trial_note(attrs, ["a", "blocks.3"], number=1, state="measured")
+    assert "| measured (median of 2 repeats) | 2.06x (above the 2.00x this machine's cores can give: noise) |" in note
+    assert "above the" not in trial_note({**attrs, "value": 1.9}, ["a", "blocks.3"], number=1, state="measured")
+
+
 def test_a_throughput_trial_note_shows_samples_per_second_and_memory_against_the_budget():
     attrs = {"source": "sampler", "split_points": ["blocks.3"], "chunks": 8, "value": 12.5, "repeats": 2,
              "throughput_spread": [12.0, 13.0], "predicted_value": 11.0, "peak_mem_bytes": [900 * 2**20, 950 * 2**20],

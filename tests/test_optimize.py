@@ -294,7 +294,9 @@ def test_the_same_plan_measured_twice_is_named_a_tie(tmp_path, capsys):
     assert main(args) == 0
     summary = (tmp_path / "twice" / "summary.md").read_text()
     assert "| BEST | by-hand-" in summary and "| TIED | by-hand-" in summary
-    assert "Tied: trials 0, 1 cannot be separated after 1 more round of them" in summary and "tie broken in favour of" in summary
+    # one round of one repeat gives 1 pair: no extra round can reach the rule's 6, so none is run, and that is said
+    assert "Tied: trials 0, 1 cannot be separated (paired pipeline seconds" in summary and "tie broken in favour of" in summary
+    assert "1 pair of runs separates no two plans (the rule needs 6)" in summary
     doc = json.loads((tmp_path / "twice" / "best_split.json").read_text())
     (other,) = doc["tied_with"]
     assert {other["source"], doc["provenance"]["source"]} == {"by-hand-begin", "by-hand-end"} and doc["tie_reason"]

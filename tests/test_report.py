@@ -67,3 +67,13 @@ def test_each_row_puts_the_predicted_step_and_peak_per_stage_beside_the_measured
     assert uniform.endswith("| 0.50 / 0.61 | 1100, 1050 / 1120, 1040 |")
     assert pippy.endswith("| - | - / 900, 800 |")  # nothing predicted: the measured figures alone
     assert PolicyRow.from_dict(rows[0].to_dict()) == rows[0]
+
+
+def test_a_speedup_above_the_machines_ceiling_is_flagged_where_the_report_shows_it():
+    rows = [row(stages=3, source="uniform", trial=1, best=True, measured=2.04, spread=(1.9, 2.1)),
+            row(stages=3, source="pippy-equal-size", trial=0, measured=1.8, spread=(1.7, 1.9))]
+    md = markdown("t", rows, plots={}, meta={"ceilings": {"3": 2.0}})
+    assert "This machine's ceiling is 2.00x for 3 stages" in md
+    best, pippy = (ln for ln in md.splitlines() if ln.startswith(("| **best**", "| pippy")))
+    assert "| 2.04 (above the 2.00x ceiling: noise) |" in best and "ceiling" not in pippy
+    assert "ceiling" not in markdown("t", rows, plots={}, meta={"objective": "throughput", "ceilings": {"3": 2.0}})

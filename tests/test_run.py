@@ -1,6 +1,7 @@
 """The pipeline.run CLI: through main(argv) and as a subprocess, good runs and one-line errors."""
 
 import contextlib
+import dataclasses
 import io
 import json
 import subprocess
@@ -279,6 +280,11 @@ def test_without_a_serial_baseline_a_run_reports_throughput_and_its_stages(pool2
     assert r.throughput == pytest.approx(8 / sorted(r.pipeline_s)[0], rel=1) and r.tokens_per_s is None
     text = format_result(r)
     assert "no speedup: the serial model was not timed" in text and "samples/s" in text
+    # a serial run three times the pipeline's on a machine whose cores give 2 stages at most 2x: flagged as noise
+    noisy = dataclasses.replace(r, serial_s=tuple(3 * p for p in r.pipeline_s))
+    assert "speedup 3.00x (spread 3.00-3.00 over 2 repeats) vs the serial model on one stage's threads: above the " \
+           "2.00x this machine's cores can give 2 stages of 1 thread(s), so noise" in format_result(noisy, 2.0)
+    assert "above the" not in format_result(noisy, 4.0) and "above the" not in format_result(noisy)
     assert r.check is not None and r.check.whole_diff is None and r.check.streamed_diff is not None
     from pipeline.models.build import build_meta_model
     from pipeline.models.candidates import find_candidates

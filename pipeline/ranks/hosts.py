@@ -51,6 +51,16 @@ def default_threads(stages: int) -> int:
     return max(1, available_cores() // local)
 
 
+def cpu_ceiling(ranks: int, threads: int) -> float | None:
+    """The most speedup over the serial model on one stage's threads that ``ranks`` CPU stages can give when
+    they share this host's cores (None under a torchrun spread over several hosts, whose cores are not known
+    here): a measured speedup above it is noise."""
+    env = torchrun_env()
+    if env is not None and env.local_world_size != env.world_size:
+        return None
+    return min(float(ranks), available_cores() / max(1, threads))
+
+
 def gpu_count() -> int:
     import torch
 
