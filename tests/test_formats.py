@@ -115,7 +115,11 @@ def test_deepspeed_names_the_partition_method_that_already_gives_the_split():
 WORKER = textwrap.dedent("""
     import json, os, sys
     import torch
+    import importlib
     import deepspeed
+    # DeepSpeed's CPU backend JIT-compiles its shared-memory allreduce (~45 s with ninja on a fresh machine) at
+    # init; building a PipelineModule's stages never calls it (deepspeed.comm.torch, not the name torch there)
+    importlib.import_module("deepspeed.comm.torch").build_shm_op = lambda: None
     deepspeed.init_distributed(dist_backend="gloo", verbose=False)
     layers = [torch.nn.Linear(2, 2) for _ in range({n})]
     scope = {{"layers": layers}}
