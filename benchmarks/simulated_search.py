@@ -9,7 +9,7 @@ perturbed profile's exact optimum per chunk count, a best-first walk of 400 plan
 plan any search measured.
 
 Strategies, each spending repeats until a plan within ``target`` of the true best is found or the
-budget is spent: ``ours`` is the product's own search (``search.runner.run_loop`` with the real
+budget is spent: ``ours`` is the product's own search (``search.study.runner.run_loop`` with the real
 Objective, PlanSampler, RacingPruner and seeds, on an in-memory study; only the pool is the oracle);
 ``tpe-today`` is Optuna's TPE (multivariate) on the encoding the search had before (fixed-range
 ``cut_i`` integers, out-of-order proposals pruned at no cost); ``random`` draws valid plans uniformly;
@@ -31,7 +31,7 @@ from costmodel.simulate import simulate
 from costmodel.types import Profile
 from pipeline.core.plan import SplitPlan
 from pipeline.core.result import TrialResult
-from search.space import PlanPoint, PlanSpace, best_first
+from search.plans.space import PlanPoint, PlanSpace, best_first
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -214,11 +214,11 @@ def ours_trace(world: World, profile: Profile, cands: Any, spec: Any, space: Pla
     import optuna
 
     from costmodel.partition import ranked as model_ranked
-    from search.context import SearchContext
-    from search.coordination import measured_trials
-    from search.racing import RacingPruner
-    from search.runner import run_loop, seed_study
-    from search.sampler import PlanSampler
+    from search.judging.racing import RacingPruner
+    from search.plans.sampler import PlanSampler
+    from search.study.context import SearchContext
+    from search.study.runner import run_loop, seed_study
+    from search.trials.coordination import measured_trials
 
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     pool = OraclePool(world, space)

@@ -98,9 +98,9 @@ def main(argv: list[str] | None = None) -> int:
     from pipeline.cli import ModelArgs, add_model_args
     from pipeline.core.plan import SplitPlan, SplitPoint
     from pipeline.ranks.pool import StagePool
-    from search.config import SearchConfig
-    from search.layouts import parse_schedules
     from search.optimize import run_study
+    from search.plans.layouts import parse_schedules
+    from search.study.config import SearchConfig
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_model_args(p)

@@ -3,7 +3,7 @@
 The cost model (``costmodel``) profiles the model once and seeds the study with PiPPy's equal-size plan
 and its own optimum and runner-up (``search.sweep`` seeds every reference policy). The search's own
 sampler then proposes only valid plans not tried before: the calibrated cost model's ranking, best
-first, with some exploration (``search.proposals``). Each trial builds and times a real multi-process
+first, with some exploration (``search.plans.proposals``). Each trial builds and times a real multi-process
 pipeline on a persistent pool, a few repeats at a time: a plan clearly behind the best stops early, a
 plan that beats the best earns more repeats. A confirmation round then re-measures the top plans,
 interleaved, before one is declared best and exported."""
@@ -21,14 +21,14 @@ from typing import Any
 
 from pipeline.core.errors import PipesplitError
 from pipeline.core.plan import SplitPlan, choose_chunks
-from search.config import DEFAULT_CHUNKS, DEFAULT_STORAGE, SearchConfig, default_study_name
-from search.confirm import Confirmation
-from search.context import SearchContext
-from search.coordination import others_running
-from search.fitting import device_fit
-from search.metric import Metric
+from search.judging.confirm import Confirmation
+from search.plans.fitting import device_fit
+from search.study.config import DEFAULT_CHUNKS, DEFAULT_STORAGE, SearchConfig, default_study_name
+from search.study.context import SearchContext
+from search.trials.coordination import others_running
+from search.trials.metric import Metric
 
-SPACE_VERSION = 2  # cuts as module names, proposed in order by search.sampler (1: integer cut_i + a constraint)
+SPACE_VERSION = 2  # cuts as module names, proposed in order by search.plans.sampler (1: integer cut_i + a constraint)
 EXAMPLES = """\
 examples:
   python -m search.optimize --stages 4                       # DeiT-S, batch 32, CPU: what `make optimize` runs
@@ -184,16 +184,16 @@ def run_study(cfg: SearchConfig, *, references: bool = False) -> StudyRun:
     from pipeline.models.candidates import find_candidates
     from pipeline.ranks.hosts import default_threads, resolve_device
     from pipeline.ranks.launch import open_pool
-    from search.confirm import confirm
-    from search.export import check_formats, export, export_formats, export_timelines
-    from search.layouts import choose_layouts
-    from search.memory import constraint
-    from search.notes import save_study_note, study_note
-    from search.racing import RacingPruner
-    from search.runner import check_on_first_repeat, run_loop, seed_count, seed_study, trial_repeats
-    from search.sampler import PlanSampler
-    from search.space import PlanPoint, PlanSpace
-    from search.storage import open_storage
+    from search.judging.confirm import confirm
+    from search.judging.racing import RacingPruner
+    from search.outputs.export import check_formats, export, export_formats, export_timelines
+    from search.plans.layouts import choose_layouts
+    from search.plans.memory import constraint
+    from search.plans.sampler import PlanSampler
+    from search.plans.space import PlanPoint, PlanSpace
+    from search.study.notes import save_study_note, study_note
+    from search.study.runner import check_on_first_repeat, run_loop, seed_count, seed_study, trial_repeats
+    from search.trials.storage import open_storage
 
     check_writable(cfg.results_dir, folder=True)
     if cfg.out:

@@ -65,8 +65,8 @@ def _run(args: argparse.Namespace) -> int:
                              "run python -m search.optimize --stages <nnodes x nproc-per-node> instead")
     from pipeline.models.build import build_meta_model
     from pipeline.models.candidates import find_candidates
-    from search.config import SearchConfig
     from search.optimize import run_study
+    from search.study.config import SearchConfig
 
     counts = list(dict.fromkeys(args.stages))
     bad = [s for s in counts if s < 2]
@@ -89,8 +89,8 @@ def _run(args: argparse.Namespace) -> int:
     if args.report_only:
         import optuna
 
-        from search.config import default_study_name
-        from search.storage import open_storage
+        from search.study.config import default_study_name
+        from search.trials.storage import open_storage
 
         db = args.storage.removeprefix("sqlite:///")
         if args.storage.startswith("sqlite:///") and not Path(db).exists():
@@ -122,7 +122,7 @@ def _run(args: argparse.Namespace) -> int:
 def _memory_and_schedule(attrs: dict[str, Any], runtime: tuple[int, ...]) -> dict[str, Any]:
     """A trial's peak MiB per stage, its predicted one (with each rank's ``runtime`` bytes of the runtime's
     own), its predicted and measured step seconds and its schedule label, as a report row carries them."""
-    from search.export import layout_label
+    from search.outputs.export import layout_label
 
     predicted = attrs.get("predicted_mem_bytes") or ()
     extra = list(runtime) + [0] * (len(predicted) - len(runtime))
@@ -147,9 +147,9 @@ def rows_for(stages: int, study: Any) -> list[Any]:
     whose trial failed."""
     import optuna
 
-    from search.confirm import Confirmation
-    from search.coordination import is_seed
-    from search.report import PolicyRow, stage_ranges
+    from search.judging.confirm import Confirmation
+    from search.trials.coordination import is_seed
+    from search.trials.report import PolicyRow, stage_ranges
 
     conf = Confirmation.of(study)
     plans = conf.plans if conf else ()
@@ -189,11 +189,11 @@ def write_report(studies: dict[int, Any], outdir: Path, *, spec: Any, device: st
 
     from pipeline.core.atomic import write_json, write_text
     from pipeline.stage.timeline import Timeline, render
-    from search import plots
-    from search.confirm import Confirmation
-    from search.coordination import value_of
-    from search.export import figure_label, timeline_runs
-    from search.report import markdown
+    from search.judging.confirm import Confirmation
+    from search.outputs import plots
+    from search.outputs.export import figure_label, timeline_runs
+    from search.trials.coordination import value_of
+    from search.trials.report import markdown
 
     outdir.mkdir(parents=True, exist_ok=True)
     rows = [row for s, study in studies.items() for row in rows_for(s, study)]

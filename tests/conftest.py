@@ -17,7 +17,7 @@ from costmodel.types import Link, Profile, Segment
 from pipeline.core.spec import ModelSpec
 from pipeline.models.build import resolve_spec
 from pipeline.stage.timeline import Timeline
-from search.report import PolicyRow
+from search.trials.report import PolicyRow
 
 TINY_VIT = {"depth": 4, "img_size": 32, "patch_size": 8, "embed_dim": 48, "num_heads": 2, "num_classes": 10}
 TINY_VIT_ARGS = ["--model", "deit_tiny_patch16_224", "--model-kwargs", json.dumps(TINY_VIT), "--batch-size", "8"]

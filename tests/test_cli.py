@@ -31,9 +31,9 @@ def test_stages_and_stages_per_rank_mean_the_same_ranks_and_pieces_in_every_comm
 
     from costmodel.validate import main as validate
     from pipeline.run import _parser, plan_from_args
-    from search.config import SearchConfig
-    from search.layouts import choose_layouts
     from search.optimize import _parser as search_parser
+    from search.plans.layouts import choose_layouts
+    from search.study.config import SearchConfig
     from tests.conftest import TINY_VIT_ARGS
 
     flags = ["--stages", "2", "--stages-per-rank", "2", "--schedule", "Interleaved1F1B"]

@@ -4,8 +4,8 @@ import pytest
 
 from pipeline.core.errors import PipesplitError
 from pipeline.core.plan import parse_chunks
-from search.config import SearchConfig, default_study_name
 from search.optimize import build_parser
+from search.study.config import SearchConfig, default_study_name
 
 
 def test_flags_become_a_frozen_config():

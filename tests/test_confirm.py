@@ -2,7 +2,7 @@
 
 import math
 
-from search.confirm import Confirmation, Confirmed
+from search.judging.confirm import Confirmation, Confirmed
 
 
 def row(trial, source, speedups):
@@ -32,7 +32,7 @@ def test_a_round_kept_before_the_metric_was_named_reads_as_speedups():
 
 
 def test_each_frameworks_default_rule_is_found_and_compared_with_the_best():
-    from search.export import frameworks_summary
+    from search.outputs.export import frameworks_summary
 
     c = Confirmation(rounds=2, repeats_per_run=2, plans=(row(3, "tpe", [1.5, 1.7, 1.6]),
                                                          row(1, "torchtitan+megatron", [1.2, 1.3]),
@@ -53,7 +53,7 @@ def timed(trial, seconds, chunks=4, peak=None, source="tpe"):
 
 
 def test_the_fastest_by_paired_seconds_is_declared_and_the_others_are_separated_or_tied():
-    from search.confirm import decide
+    from search.judging.confirm import decide
 
     fast = timed(1, [[0.99, 1.00], [1.19, 1.20], [0.89, 0.90]])  # the machine drifts between rounds
     same = timed(2, [[1.00, 0.99], [1.21, 1.19], [0.90, 0.92]])
@@ -64,7 +64,7 @@ def test_the_fastest_by_paired_seconds_is_declared_and_the_others_are_separated_
 
 
 def test_a_tie_is_said_with_its_rule_and_how_it_was_broken_and_survives_the_study():
-    from search.ties import compare
+    from search.judging.ties import compare
 
     a = timed(1, [[1.0, 1.0], [1.0, 1.01]], chunks=8, peak=900 * 2**20)
     b = timed(2, [[1.0, 1.01], [1.0, 1.0]], chunks=4, peak=800 * 2**20)

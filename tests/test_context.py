@@ -1,8 +1,8 @@
-"""search.context: what a study's trials share; the plan key needs no study."""
+"""search.study.context: what a study's trials share; the plan key needs no study."""
 
 from pipeline.core.plan import SplitPlan, SplitPoint
 from pipeline.core.spec import ModelSpec
-from search.context import plan_key
+from search.study.context import plan_key
 
 SPEC = ModelSpec(name="m", batch_size=4)
 

@@ -29,7 +29,7 @@ def workers(storage, tmp_path, n=2):
 
 
 def check_study(storage):
-    from search.coordination import measured_trials
+    from search.trials.coordination import measured_trials
 
     study = optuna.load_study(study_name="shared", storage=storage)
     measured = measured_trials(study)  # complete, failed with a reason, or raced out
@@ -38,7 +38,7 @@ def check_study(storage):
     assert len(set(keys)) == len(keys), "a plan was measured twice"
     assert len({t.user_attrs["worker"] for t in measured}) == 2, "both workers should have measured trials"
     assert not [t for t in study.trials if t.state == optuna.trial.TrialState.RUNNING]
-    from search.coordination import timed_share
+    from search.trials.coordination import timed_share
 
     assert 0 < (timed_share(study) or 0) < 1
 
@@ -48,7 +48,7 @@ def check_study(storage):
 def test_two_workers_on_one_journal_file(tmp_path):
     storage = str(tmp_path / "study.log")
     workers(storage, tmp_path)
-    from search.storage import open_storage
+    from search.trials.storage import open_storage
 
     check_study(open_storage(storage))
 
@@ -109,8 +109,8 @@ def test_two_workers_on_one_postgres_study(postgres, tmp_path):
 def test_a_dead_workers_running_trial_is_failed_as_stale_and_not_counted(tmp_path):
     """A trial left RUNNING by a worker that died (journal storage has no heartbeats) is failed by the next
     worker on the same host, and the budget is then met by measuring another plan."""
-    from search.coordination import claims, fail_stale, measured_trials
-    from search.storage import open_storage
+    from search.trials.coordination import claims, fail_stale, measured_trials
+    from search.trials.storage import open_storage
 
     storage = open_storage(str(tmp_path / "s.log"))
     study = optuna.create_study(study_name="stale", storage=storage, direction="maximize")
@@ -129,7 +129,7 @@ def test_a_dead_workers_running_trial_is_failed_as_stale_and_not_counted(tmp_pat
 
 @pytest.mark.parametrize("state", ["complete", "raced", "pruned"])
 def test_raced_out_trials_count_as_measured_and_their_repeats_are_spent(state):
-    from search.coordination import is_seed, measured_trials, repeats_spent
+    from search.trials.coordination import is_seed, measured_trials, repeats_spent
 
     study = optuna.create_study(direction="maximize")
     t = study.ask()
@@ -152,7 +152,7 @@ def test_raced_out_trials_count_as_measured_and_their_repeats_are_spent(state):
 
 
 def test_the_share_of_time_spent_timing_sums_the_measured_trials_breakdowns():
-    from search.coordination import MEASURED, timed_share
+    from search.trials.coordination import MEASURED, timed_share
 
     study = optuna.create_study(direction="maximize")
     assert timed_share(study) is None

@@ -1,4 +1,4 @@
-"""search.fitting: what --device-memory means for a study, settled before a profile or a trial (model on meta)."""
+"""search.plans.fitting: what --device-memory means for a study, settled before a profile or a trial (model on meta)."""
 
 import json
 
@@ -9,7 +9,7 @@ from pipeline.core.plan import SplitPlan, SplitPoint
 from pipeline.models.build import build_meta_model, resolve_spec
 from pipeline.models.candidates import find_candidates
 from pipeline.models.footprint import rank_runtime
-from search.fitting import device_fit
+from search.plans.fitting import device_fit
 
 BIG_LLAMA = {"num_hidden_layers": 6, "hidden_size": 1024, "intermediate_size": 4096, "num_attention_heads": 4,
              "num_key_value_heads": 4, "vocab_size": 8000}

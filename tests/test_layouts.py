@@ -1,4 +1,4 @@
-"""search.layouts: the schedules a search covers, parsed and filtered by their rules (pure)."""
+"""search.plans.layouts: the schedules a search covers, parsed and filtered by their rules (pure)."""
 
 import pytest
 from hypothesis import given
@@ -6,7 +6,7 @@ from hypothesis import strategies as st
 
 from pipeline.core.errors import PipesplitError
 from pipeline.core.plan import SCHEDULES, schedule_rule
-from search.layouts import choose_layouts, parse_per_rank, parse_schedules
+from search.plans.layouts import choose_layouts, parse_per_rank, parse_schedules
 
 
 def test_all_is_every_schedule_and_a_list_keeps_its_order():

@@ -1,4 +1,4 @@
-"""search.memory: --device-memory's sizes and rules, before a run and after (pure)."""
+"""search.plans.memory: --device-memory's sizes and rules, before a run and after (pure)."""
 
 import optuna
 import pytest
@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 
 from pipeline.core.budget import MemoryPrediction, RankMemory
 from pipeline.core.errors import PipesplitError
-from search.memory import constraint, learned_runtime, over_limit, parse_size, predicted_over, runtime_bytes, with_runtime
+from search.plans.memory import constraint, learned_runtime, over_limit, parse_size, predicted_over, runtime_bytes, with_runtime
 
 
 @pytest.mark.parametrize("text, size", [("4GiB", 4 * 2**30), ("512 MiB", 512 * 2**20), ("1.5GB", 1_500_000_000),

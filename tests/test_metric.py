@@ -1,4 +1,4 @@
-"""search.metric: the figure a search ranks by, read from results and predictions alike (pure)."""
+"""search.trials.metric: the figure a search ranks by, read from results and predictions alike (pure)."""
 
 import math
 
@@ -10,7 +10,7 @@ from pipeline.core.errors import PipesplitError
 from pipeline.core.plan import SplitPlan, SplitPoint
 from pipeline.core.result import TrialResult
 from pipeline.core.spec import ModelSpec
-from search.metric import Metric, choose_metric
+from search.trials.metric import Metric, choose_metric
 
 PLAN = SplitPlan(model=ModelSpec(name="m", batch_size=8), split_points=(SplitPoint("b.1"),), chunks=2)
 
@@ -50,7 +50,7 @@ def test_a_prediction_is_the_batch_over_its_step_time_or_its_speedup(speedup, st
 
 
 def test_a_speedup_over_the_pooled_serial_seconds_ranks_plans_by_their_pipeline_seconds():
-    from search.metric import pooled_serial
+    from search.trials.metric import pooled_serial
 
     # one slow serial repeat (6 s) would crown this plan by its own paired ratios; pooled, it cannot
     r = TrialResult(plan=PLAN, ok=True, serial_s=(6.0, 4.0), pipeline_s=(2.0, 2.0))
@@ -64,7 +64,7 @@ def test_a_speedup_over_the_pooled_serial_seconds_ranks_plans_by_their_pipeline_
 @given(st.lists(st.floats(0.1, 10), min_size=1, max_size=6), st.lists(st.lists(st.floats(0.1, 10), max_size=4), max_size=6),
        st.integers(0, 5))
 def test_the_pooled_serial_lies_within_its_samples(own, earlier, window):
-    from search.metric import pooled_serial
+    from search.trials.metric import pooled_serial
 
     got = pooled_serial(own, earlier, window)
     samples = [*own, *(x for r in (earlier[-window:] if window else []) for x in r)]

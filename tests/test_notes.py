@@ -1,6 +1,6 @@
 """The dashboard notes, as text (a real search saves them: test_optimize reads them back)."""
 
-from search.notes import study_note, trial_note
+from search.study.notes import study_note, trial_note
 
 
 def test_a_trial_note_shows_the_plan_by_name_and_predicted_beside_measured():

@@ -3,8 +3,8 @@
 from pipeline.core.plan import SplitPlan, SplitPoint
 from pipeline.core.result import TrialResult
 from pipeline.core.spec import ModelSpec
-from search.metric import Metric
-from search.objective import result_attrs
+from search.study.objective import result_attrs
+from search.trials.metric import Metric
 
 SPEC = ModelSpec(name="m", batch_size=4)
 

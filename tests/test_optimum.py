@@ -1,10 +1,10 @@
-"""search.optimum: the best plan of one layout under any score (pure)."""
+"""search.plans.optimum: the best plan of one layout under any score (pure)."""
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from search.optimum import layout_optimum
-from search.space import Layout, PlanPoint, PlanSpace
+from search.plans.optimum import layout_optimum
+from search.plans.space import Layout, PlanPoint, PlanSpace
 
 
 def space(n=8, stages=2, chunks=(1, 2, 4), per_rank=2):

@@ -3,7 +3,7 @@
 import matplotlib.image
 
 from pipeline.stage.timeline import Timeline
-from search.plots import compute_comm, predicted_vs_measured, speedup_vs_stages
+from search.outputs.plots import compute_comm, predicted_vs_measured, speedup_vs_stages
 from tests.conftest import good_timeline as good
 from tests.conftest import report_row as row
 

@@ -1,9 +1,9 @@
-"""search.pricing: which model prices a plan, and what it predicts (pure)."""
+"""search.plans.pricing: which model prices a plan, and what it predicts (pure)."""
 
 import pytest
 
-from search.pricing import price, unpriced_reason
-from search.space import Layout
+from search.plans.pricing import price, unpriced_reason
+from search.plans.space import Layout
 from tests.conftest import toy_profile
 from tests.test_replay import ONE_F_ONE_B
 from tests.test_train import GPIPE, training_profile

@@ -3,8 +3,8 @@ import random
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from search.proposals import Measured, propose
-from search.space import PlanPoint, PlanSpace
+from search.plans.proposals import Measured, propose
+from search.plans.space import PlanPoint, PlanSpace
 
 
 def balanced(sp):

@@ -3,7 +3,7 @@
 from hypothesis import given
 from hypothesis import strategies as st
 
-from search.pruning import PRUNE_AFTER, budget_covers_rest, prune_reason
+from search.plans.pruning import PRUNE_AFTER, budget_covers_rest, prune_reason
 
 
 def test_no_pruning_before_enough_plans_are_measured():

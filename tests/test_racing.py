@@ -3,7 +3,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from search.racing import DEFAULT_CV, RacingPruner, band, noise_cv, verdict
+from search.judging.racing import DEFAULT_CV, RacingPruner, band, noise_cv, verdict
 
 
 def test_band_narrows_with_repeats():

@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from search.report import PolicyRow, losses, markdown, reading, stage_ranges, table
+from search.trials.report import PolicyRow, losses, markdown, reading, stage_ranges, table
 from tests.conftest import report_row as row
 
 SEGS = ["patch_embed", "blocks.0", "blocks.1", "blocks.2", "blocks.3", "norm", "head"]

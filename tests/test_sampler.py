@@ -1,8 +1,8 @@
 import optuna
 
-from search.coordination import MEASURED
-from search.sampler import PlanSampler, trial_point, tried_points
-from search.space import PlanPoint, PlanSpace
+from search.plans.sampler import PlanSampler, trial_point, tried_points
+from search.plans.space import PlanPoint, PlanSpace
+from search.trials.coordination import MEASURED
 
 
 def test_the_sampler_proposes_only_valid_new_plans_into_a_real_study():

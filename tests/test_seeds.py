@@ -5,7 +5,7 @@ import pytest
 from costmodel.types import Link, Profile, Segment
 from pipeline.models.build import build_model
 from pipeline.models.candidates import find_candidates
-from search.seeds import frameworks_line, seeds
+from search.plans.seeds import frameworks_line, seeds
 
 
 @pytest.fixture(scope="module")

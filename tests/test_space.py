@@ -5,7 +5,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from pipeline.core.plan import choose_chunks
-from search.space import PlanPoint, PlanSpace
+from search.plans.space import PlanPoint, PlanSpace
 
 
 def space(n=7, stages=3, chunks=(1, 4, 8)):
@@ -56,7 +56,7 @@ def test_default_chunks_that_do_not_divide_are_dropped():
 
 
 def layered(n=8):
-    from search.space import Layout
+    from search.plans.space import Layout
 
     return PlanSpace(names=tuple(f"s{i}" for i in range(n)), stages=2, chunks=(2, 4),
                      layouts=(Layout(schedule="GPipe", chunks=(2, 4)), Layout(schedule="1F1B", chunks=(2, 4)),

@@ -3,7 +3,7 @@
 import pytest
 
 from pipeline.core.errors import PipesplitError
-from search.storage import is_journal, open_storage
+from search.trials.storage import is_journal, open_storage
 
 
 def test_journal_paths_and_sqlite_urls_open(tmp_path):

@@ -1,11 +1,11 @@
-"""search.ties: the tie rule on synthetic paired pipeline seconds, and how a tie is broken."""
+"""search.judging.ties: the tie rule on synthetic paired pipeline seconds, and how a tie is broken."""
 
 import random
 
 from hypothesis import given
 from hypothesis import strategies as st
 
-from search.ties import MIN_PAIRS, Contender, break_tie, compare, paired_log_ratios
+from search.judging.ties import MIN_PAIRS, Contender, break_tie, compare, paired_log_ratios
 
 
 def rounds(base, spread, n_rounds=4, repeats=2, seed=0, drift=None):

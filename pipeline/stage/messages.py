@@ -31,7 +31,7 @@ class TrialOptions:
     check_first_repeat: bool = False
     """Check the output of the first timed repeat instead of running the batch once more for the check
     (a fresh stage's first run is no slower than its next ones once a run takes seconds; the search does
-    this for such models: ``search.runner.check_on_first_repeat``)."""
+    this for such models: ``search.study.runner.check_on_first_repeat``)."""
     cached_trace: bool = True
     """Build torch-backend stages from the worker's cached export of the model (``pipeline.models.traces``);
     False traces the model afresh for this plan."""

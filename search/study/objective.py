@@ -1,7 +1,7 @@
 """One search trial: decode the proposal into a plan, predict it, prune it or race it, record it.
 
 ``Objective`` is the callable Optuna runs, one trial at a time, over the ``SearchContext``
-(``search.context``) that every trial of one study shares.
+(``search.study.context``) that every trial of one study shares.
 """
 
 from __future__ import annotations
@@ -16,14 +16,14 @@ from costmodel.calibrate import trial_rows
 from costmodel.types import Machine
 from pipeline.core.plan import SplitPlan
 from pipeline.core.result import TrialResult, merged
-from search.context import SearchContext, plan_key
-from search.coordination import MEASURED, SAMPLER, measured_trials, skip_reason, value_of, worker_id
-from search.memory import OVER_MEMORY, over_limit, predicted_over
-from search.metric import Metric, pooled_serial
-from search.notes import save_trial_note
-from search.pruning import PRUNE_STREAK, budget_covers_rest, prune_reason
-from search.racing import band, best_value, study_cv
-from search.space import PlanPoint
+from search.judging.racing import band, best_value, study_cv
+from search.plans.memory import OVER_MEMORY, over_limit, predicted_over
+from search.plans.pruning import PRUNE_STREAK, budget_covers_rest, prune_reason
+from search.plans.space import PlanPoint
+from search.study.context import SearchContext, plan_key
+from search.study.notes import save_trial_note
+from search.trials.coordination import MEASURED, SAMPLER, measured_trials, skip_reason, value_of, worker_id
+from search.trials.metric import Metric, pooled_serial
 
 __all__ = ["Objective", "TrialFailed", "result_attrs"]
 
@@ -152,7 +152,7 @@ class Objective:
                               "serial": ctx.metric.speedup,
                               "check_first_repeat": ctx.check_first_repeat}
         # warmup=0: the output check's own run warms the fresh pipeline up, or, where a run takes seconds,
-        # the check is on the first timed repeat (no slower than the next: search.runner.check_on_first_repeat)
+        # the check is on the first timed repeat (no slower than the next: search.study.runner.check_on_first_repeat)
         parts = [ctx.pool.run(plan, repeats=min(step, base), **kw)]
         reported = 0
         while True:

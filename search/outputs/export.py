@@ -12,11 +12,11 @@ import optuna
 from pipeline.core.atomic import write_json, write_text, write_with
 from pipeline.core.plan import SplitPlan
 from pipeline.export import provenance
-from search.confirm import Confirmation
-from search.context import SearchContext
-from search.coordination import MEASURED, SAMPLER, is_seed, timed_share, value_of
-from search.memory import OVER_MEMORY, format_size
-from search.seeds import frameworks_line
+from search.judging.confirm import Confirmation
+from search.plans.memory import OVER_MEMORY, format_size
+from search.plans.seeds import frameworks_line
+from search.study.context import SearchContext
+from search.trials.coordination import MEASURED, SAMPLER, is_seed, timed_share, trial_counts, value_of
 
 
 def _fmt(x: Any, spec: str = ".2f") -> str:
@@ -255,34 +255,6 @@ def memory_errors(study: optuna.Study) -> str:
     errs = sorted(q / p - 1 for p, q in pairs if p > 0)
     return (f" Predicted / measured peak per rank over {len(pairs)} measured ranks: median {errs[len(errs) // 2]:+.0%}, "
             f"from {errs[0]:+.0%} to {errs[-1]:+.0%} (the table shows both per stage).")
-
-
-def trial_counts(study: optuna.Study) -> dict[str, int]:
-    """How the study's trials ended: measured (by seeds and by the sampler; raced out among them), pruned,
-    infeasible, repeated; the timed repeats spent; the space's size."""
-    out = {"stored": 0, "measured": 0, "seeds": 0, "raced_out": 0, "repeats": 0, "pruned": 0, "infeasible": 0,
-           "over_memory": 0, "predicted_over": 0, "duplicates": 0, "skipped": 0,
-           "space": int(study.user_attrs.get("space_size") or 0)}
-    for t in study.get_trials(deepcopy=False):
-        a = t.user_attrs
-        out["stored"] += 1
-        if a.get(MEASURED):
-            out["measured"] += 1
-            out["seeds"] += is_seed(t)
-            out["raced_out"] += bool(a.get("raced_out"))
-            out["over_memory"] += bool(a.get("over_memory"))
-            out["repeats"] += int(a.get("repeats", 0))
-        elif a.get("pruned_by"):
-            out["pruned"] += 1
-        elif a.get("over_memory"):
-            out["predicted_over"] += 1
-        elif a.get("infeasible"):
-            out["infeasible"] += 1
-        elif "duplicate_of" in a:
-            out["duplicates"] += 1
-        elif a.get("skipped"):
-            out["skipped"] += 1
-    return out
 
 
 def budget_line(c: dict[str, int], asked: int | None, budget_repeats: int | None = None,

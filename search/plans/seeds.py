@@ -12,7 +12,7 @@ from pipeline.core.plan import SplitPoint
 from pipeline.core.policies import nearest_boundaries
 from pipeline.models.candidates import Candidates
 from pipeline.peers.registry import DEFAULT_RULES, PIPPY, POLICIES
-from search.space import PlanPoint, PlanSpace
+from search.plans.space import PlanPoint, PlanSpace
 
 __all__ = ["Seed", "forward_starts", "layout_seeds", "frameworks_line", "seeds", "unseeded_frameworks"]
 

@@ -20,13 +20,13 @@ from pipeline.core.spec import ModelSpec
 from pipeline.models.candidates import Candidates
 from pipeline.ranks.pooling import Pool
 from pipeline.stage.orders import schedule_order
-from search.coordination import measured_trials, repeats_spent, value_of
-from search.memory import learned_runtime, predicted_over, with_runtime
-from search.metric import Metric
-from search.optimum import layout_optimum
-from search.pricing import Price, price, simulated, unpriced_reason
-from search.seeds import forward_starts
-from search.space import PlanPoint, PlanSpace
+from search.plans.memory import learned_runtime, predicted_over, with_runtime
+from search.plans.optimum import layout_optimum
+from search.plans.pricing import Price, price, simulated, unpriced_reason
+from search.plans.seeds import forward_starts
+from search.plans.space import PlanPoint, PlanSpace
+from search.trials.coordination import measured_trials, repeats_spent, value_of
+from search.trials.metric import Metric
 
 __all__ = ["SearchContext", "plan_key"]
 
@@ -141,7 +141,7 @@ class SearchContext:
     def schedule_optimum(self, layout: int, starts: tuple[PlanPoint, ...] = ()) -> PlanPoint | None:
         """The raw model's best plan of a layout under the memory limit: one it prices by the schedule's action
         order, or (with a limit) any layout, searched from the forward optimum and ``starts`` (plans that fit);
-        None for a simulated layout without a limit (``search.seeds`` covers it) or where nothing fits."""
+        None for a simulated layout without a limit (``search.plans.seeds`` covers it) or where nothing fits."""
         if simulated(self.space.layouts[layout], self.mode) and self.device_memory is None:
             return None
 
@@ -213,7 +213,7 @@ class SearchContext:
         cache: dict[PlanPoint, float] = self._memo.setdefault("predictions", {})
         if p not in cache:
             # a plan the model cannot price is scored as forward-only GPipe over its R x V stages: a ranking
-            # within its layout only (``search.proposals`` scales each layout by its own measured / predicted)
+            # within its layout only (``search.plans.proposals`` scales each layout by its own measured / predicted)
             got = self.price(p, machine) if self.priced(p) else \
                 simulate(self.profile, p.cuts, p.chunks, "GPipe", machine=machine)
             cache[p] = self.metric.predicted(got.speedup, got.makespan_s)

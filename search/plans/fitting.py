@@ -14,7 +14,7 @@ from pipeline.core.budget import MemoryPrediction, format_size
 from pipeline.core.errors import PipesplitError
 from pipeline.core.plan import SplitPlan, SplitPoint
 from pipeline.core.spec import ModelSpec
-from search.metric import choose_metric
+from search.trials.metric import choose_metric
 
 __all__ = ["DeviceFit", "device_fit"]
 
@@ -24,7 +24,7 @@ class DeviceFit:
     """A study's memory settings as the search uses them."""
 
     metric: str = "speedup"
-    """The figure plans are ranked by (``search.metric``): speedup only where a serial baseline is timed."""
+    """The figure plans are ranked by (``search.trials.metric``): speedup only where a serial baseline is timed."""
     serial_fits: bool = True
     """The whole model fits one device (always, without a limit): a serial baseline can be timed."""
     whole_bytes: int = 0

@@ -1,6 +1,6 @@
 """The confirmation round: the top plans and PiPPy's plan re-measured side by side before one is declared best.
 
-Plans are compared by their own pipeline seconds, paired within each round (``search.ties``): the fastest
+Plans are compared by their own pipeline seconds, paired within each round (``search.judging.ties``): the fastest
 by median is the candidate, every plan the tie rule cannot separate from it is tied with it, and while a
 tie stands and the budget allows (as many extra rounds as the round had), the tied plans run again. A tie
 that remains is broken by the lower largest-stage peak memory, then the fewer chunks, and said. A plan's
@@ -28,9 +28,9 @@ from pipeline.peers.registry import DEFAULT_RULES
 from pipeline.ranks.pooling import Pool
 from pipeline.rounds import interleaved
 from pipeline.stage.timeline import Timeline
-from search.coordination import is_seed, measured_trials, value_of
-from search.metric import Metric
-from search.ties import CONFIDENCE, MIN_PAIRS, Comparison, Contender, break_tie, compare
+from search.judging.ties import CONFIDENCE, MIN_PAIRS, Comparison, Contender, break_tie, compare
+from search.trials.coordination import is_seed, measured_trials, value_of
+from search.trials.metric import Metric
 
 __all__ = ["Confirmation", "Confirmed", "confirm", "decide"]
 
@@ -117,7 +117,7 @@ class Confirmation:
     tie_reason: str | None = None
     """How a tie was broken (peak memory, then chunks), in one sentence."""
     comparisons: dict[int, dict[str, Any]] = field(default_factory=dict)
-    """Each other plan against the fastest: ``search.ties.Comparison.to_dict``, by trial."""
+    """Each other plan against the fastest: ``search.judging.ties.Comparison.to_dict``, by trial."""
     extra_rounds: int = 0
     """Rounds run for the tied plans only, after the round's own."""
 
@@ -267,7 +267,7 @@ def _row(t: FrozenTrial, runs: dict[int, TrialResult], total: int, serial_of: di
 
 def decide(rows: tuple[Confirmed, ...]) -> tuple[int | None, tuple[int, ...], dict[int, Comparison]]:
     """The fastest plan by median pipeline seconds, the plans the tie rule cannot separate from it, and each
-    plan's comparison with it (``search.ties.compare``)."""
+    plan's comparison with it (``search.judging.ties.compare``)."""
     timed = [r for r in rows if not math.isnan(r.pipeline_s)]
     if not timed:
         return None, (), {}

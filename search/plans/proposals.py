@@ -16,7 +16,7 @@ trials at the median to reach 97 % of the true best with 3 anchors, 45 with anch
 only, 27 without; 4 x layer 67 vs 51; 4 x block and 8 x block alike), because the luckiest measured
 plans' neighbourhoods soak up the proposals while the model rates them no better.
 
-Every proposal is a valid plan (``search.space``) and none repeats a plan already tried, until the
+Every proposal is a valid plan (``search.plans.space``) and none repeats a plan already tried, until the
 space is exhausted (then None).
 
 Why not Optuna's TPE over the cut indices: it cannot keep cuts ordered (out-of-order proposals are
@@ -31,7 +31,7 @@ import statistics
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 
-from search.space import PlanPoint, PlanSpace
+from search.plans.space import PlanPoint, PlanSpace
 
 __all__ = ["ANCHORS", "EXPLORE", "Measured", "propose"]
 

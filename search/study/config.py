@@ -12,8 +12,8 @@ from pipeline.core import budget
 from pipeline.core.errors import PipesplitError
 from pipeline.core.plan import check_ranks, parse_chunks
 from pipeline.peers.formats import FORMATS
-from search.layouts import parse_per_rank, parse_schedules
-from search.metric import METRICS
+from search.plans.layouts import parse_per_rank, parse_schedules
+from search.trials.metric import METRICS
 
 __all__ = ["DEFAULT_CHUNKS", "DEFAULT_STORAGE", "SearchConfig", "default_study_name"]
 

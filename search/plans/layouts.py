@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from pipeline.core.errors import PipesplitError
 from pipeline.core.plan import MULTI_SCHEDULES, SCHEDULES, SINGLE_SCHEDULES, V_SCHEDULES, schedule_rule
-from search.space import Layout
+from search.plans.space import Layout
 
 __all__ = ["LayoutChoice", "choose_layouts", "parse_per_rank", "parse_schedules"]
 

@@ -14,11 +14,20 @@ import time
 
 import optuna
 
-from search.context import SearchContext
-from search.coordination import claims, fail_stale, is_seed, measured_trials, repeats_spent, timed_share, value_of
-from search.objective import Objective, TrialFailed
-from search.seeds import frameworks_line, layout_seeds, seeds, unseeded_frameworks
-from search.space import PlanPoint
+from search.plans.seeds import frameworks_line, layout_seeds, seeds, unseeded_frameworks
+from search.plans.space import PlanPoint
+from search.study.context import SearchContext
+from search.study.objective import Objective, TrialFailed
+from search.trials.coordination import (
+    claims,
+    fail_stale,
+    is_seed,
+    measured_trials,
+    repeats_spent,
+    timed_share,
+    trial_counts,
+    value_of,
+)
 
 __all__ = ["IDLE_LIMIT", "exhausted_summary", "run_loop", "seed_count", "seed_study", "trial_repeats"]
 
@@ -88,9 +97,7 @@ def seed_count(study: optuna.Study) -> int:
 
 
 def exhausted_summary(study: optuna.Study) -> str:
-    """How the trials of an exhausted space ended, in a few words (``search.export.trial_counts``)."""
-    from search.export import trial_counts
-
+    """How the trials of an exhausted space ended, in a few words (``search.trials.coordination.trial_counts``)."""
     c = trial_counts(study)
     parts = [(c["measured"], "measured"), (c["pruned"], "pruned by the cost model"),
              (c["predicted_over"], "predicted over the memory limit")]

@@ -8,7 +8,7 @@ Optuna sees each cut as the *name* of the module its stage starts at (``cut_1 = 
 categorical choice list per cut, so a trial's parameters read as the plan; the layout is a parameter
 of its own (``layout = Interleaved1F1B/V2``) only when the space has several, and a layout asks only for
 the cuts it has (Optuna's conditional parameters). The order is kept by construction, by the search's
-own sampler (``search.sampler``), never by a constraint that a proposal may violate. ``neighbours`` and
+own sampler (``search.plans.sampler``), never by a constraint that a proposal may violate. ``neighbours`` and
 ``random_point`` make only valid plans, at any stage and segment count.
 """
 

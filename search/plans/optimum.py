@@ -15,7 +15,7 @@ import itertools
 import math
 from collections.abc import Callable, Sequence
 
-from search.space import PlanPoint, PlanSpace
+from search.plans.space import PlanPoint, PlanSpace
 
 __all__ = ["EXHAUSTIVE", "layout_optimum"]
 

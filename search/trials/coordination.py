@@ -17,7 +17,7 @@ from optuna.trial import FrozenTrial, TrialState
 from pipeline.core.result import Breakdown
 
 __all__ = ["MEASURED", "SAMPLER", "value_of", "claims", "fail_stale", "is_seed", "measured_trials", "others_running",
-           "repeats_spent", "skip_reason", "timed_share", "worker_id"]
+           "repeats_spent", "skip_reason", "timed_share", "trial_counts", "worker_id"]
 
 MEASURED = "measured"
 SAMPLER = "sampler"
@@ -127,3 +127,31 @@ def skip_reason(study: optuna.Study, number: int, key: str, budget: int | None) 
     if same:
         return f"the same plan is being measured by trial {same[0].number}"
     return None
+
+
+def trial_counts(study: optuna.Study) -> dict[str, int]:
+    """How the study's trials ended: measured (by seeds and by the sampler; raced out among them), pruned,
+    infeasible, repeated; the timed repeats spent; the space's size."""
+    out = {"stored": 0, "measured": 0, "seeds": 0, "raced_out": 0, "repeats": 0, "pruned": 0, "infeasible": 0,
+           "over_memory": 0, "predicted_over": 0, "duplicates": 0, "skipped": 0,
+           "space": int(study.user_attrs.get("space_size") or 0)}
+    for t in study.get_trials(deepcopy=False):
+        a = t.user_attrs
+        out["stored"] += 1
+        if a.get(MEASURED):
+            out["measured"] += 1
+            out["seeds"] += is_seed(t)
+            out["raced_out"] += bool(a.get("raced_out"))
+            out["over_memory"] += bool(a.get("over_memory"))
+            out["repeats"] += int(a.get("repeats", 0))
+        elif a.get("pruned_by"):
+            out["pruned"] += 1
+        elif a.get("over_memory"):
+            out["predicted_over"] += 1
+        elif a.get("infeasible"):
+            out["infeasible"] += 1
+        elif "duplicate_of" in a:
+            out["duplicates"] += 1
+        elif a.get("skipped"):
+            out["skipped"] += 1
+    return out

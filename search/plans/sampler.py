@@ -1,6 +1,6 @@
 """PlanSampler: an Optuna sampler whose every proposal is a valid plan not tried before.
 
-It asks ``search.proposals.propose`` for the whole plan at once (Optuna's relative sampling), from the
+It asks ``search.plans.proposals.propose`` for the whole plan at once (Optuna's relative sampling), from the
 study's own trials: what was measured (and at what speedup), and what was tried in any way (measured,
 pruned, failed, or being measured by another worker now), so that workers sharing a study do not
 propose the same plan. Enqueued trials (the seeds) keep their fixed parameters, and a seed whose plan
@@ -21,9 +21,9 @@ import optuna
 from optuna.distributions import BaseDistribution, CategoricalDistribution
 from optuna.trial import FrozenTrial, TrialState
 
-from search.coordination import MEASURED, value_of
-from search.proposals import EXPLORE, Measured, propose
-from search.space import Layout, PlanPoint, PlanSpace, best_first
+from search.plans.proposals import EXPLORE, Measured, propose
+from search.plans.space import Layout, PlanPoint, PlanSpace, best_first
+from search.trials.coordination import MEASURED, value_of
 
 __all__ = ["PlanSampler", "trial_point", "tried_points"]
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from costmodel.simulate import simulate
 from costmodel.train import predict_train
 from costmodel.types import Machine, Profile
-from search.space import Layout
+from search.plans.space import Layout
 
 __all__ = ["SIMULATED", "Price", "price", "unpriced_reason"]
 

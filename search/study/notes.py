@@ -13,7 +13,7 @@ from typing import Any
 
 import optuna
 
-from search.report import stage_ranges
+from search.trials.report import stage_ranges
 
 __all__ = ["save_study_note", "save_trial_note", "study_note", "trial_note"]
 

@@ -7,7 +7,7 @@ from typing import Any
 
 from pipeline.core.atomic import save_figure
 from pipeline.stage.timeline import COLORS, Timeline
-from search.report import POLICY_ORDER, PolicyRow
+from search.trials.report import POLICY_ORDER, PolicyRow
 
 
 def _plt() -> Any:

@@ -1,0 +1,2 @@
+"""What a trial records and which trials count: the metric, the storage, the workers sharing a study, and
+the sweep's rows."""
