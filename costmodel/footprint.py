@@ -93,7 +93,7 @@ def step_memory(profile: Profile, bounds: Sequence[tuple[int, int]], chunks: int
 def rank_runtime_bytes(measured: Sequence[tuple[Sequence[int], Sequence[int]]]) -> tuple[int, ...]:
     """The memory each rank held that its prediction does not account for (the interpreter, torch's
     libraries, and on rank 0 the serial model it times): the least (measured peak - predicted) of that
-    rank over the plans ``(peaks, predicted)``, never below 0. For reports; a search prunes with the least
-    over every rank (``search.plans.memory.runtime_bytes``), which never rules out a plan that may fit."""
+    rank over the plans ``(peaks, predicted)``, never below 0 (a search learns each rank's with
+    ``search.plans.memory.learned_runtime``, which never rules out a plan that may fit)."""
     ranks = max((min(len(p), len(q)) for p, q in measured), default=0)  # every one of them measured at least once
     return tuple(max(0, min(p[r] - q[r] for p, q in measured if r < min(len(p), len(q)))) for r in range(ranks))

@@ -11,6 +11,7 @@ from typing import Any
 
 from pipeline.cli import MODEL_FLAGS, Parser, add_model_args, add_runtime_args, spec_from_args
 from pipeline.core.budget import MemoryPrediction, format_size, parse_size
+from pipeline.core.ceiling import above_ceiling
 from pipeline.core.errors import PipesplitError
 from pipeline.core.plan import SplitPlan, SplitPoint, check_ranks
 from pipeline.core.policies import ALIASES
@@ -141,7 +142,7 @@ def describe_memory(prediction: MemoryPrediction) -> str:
     return "\n".join(lines)
 
 
-def _parser() -> argparse.ArgumentParser:
+def parser() -> argparse.ArgumentParser:
     p = Parser(
         prog="python -m pipeline.run",
         description="Run a split plan as a real pipeline (one process per stage, gloo on CPU, NCCL on CUDA), "
@@ -257,9 +258,9 @@ def format_result(result: TrialResult, ceiling: float | None = None) -> str:
         lo, hi = result.speedup_spread
         lines.append(f"speedup{step} {result.speedup:.2f}x (spread {lo:.2f}-{hi:.2f} over {len(result.pipeline_s)} "
                      "repeats) vs the serial model on one stage's threads")
-        if ceiling and result.speedup > ceiling:
-            lines[-1] += (f": above the {ceiling:.2f}x this machine's cores can give {result.plan.ranks} stages of "
-                          f"{result.plan.threads_per_stage} thread(s), so noise (a slow serial repeat), not speed")
+        if flag := above_ceiling(result.speedup, ceiling):
+            lines[-1] += (f": {flag} (the most this machine's cores can give {result.plan.ranks} stages of "
+                          f"{result.plan.threads_per_stage} thread(s): a slow serial repeat, not speed)")
     else:
         lines.append("no speedup: the serial model was not timed (the whole model does not fit --device-memory)")
     if result.serial_all_s:
@@ -295,7 +296,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from pipeline.logs import quiet_logs
 
     quiet_logs()
-    args = _parser().parse_args(argv)
+    args = parser().parse_args(argv)
     from pipeline.core.atomic import check_writable, write_json
     from pipeline.export import document
     from pipeline.ranks.hosts import cpu_ceiling

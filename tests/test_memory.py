@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 
 from pipeline.core.budget import MemoryPrediction, RankMemory
 from pipeline.core.errors import PipesplitError
-from search.plans.memory import constraint, learned_runtime, over_limit, parse_size, predicted_over, runtime_bytes, with_runtime
+from search.plans.memory import constraint, learned_runtime, over_limit, parse_size, predicted_over, with_runtime
 
 
 @pytest.mark.parametrize("text, size", [("4GiB", 4 * 2**30), ("512 MiB", 512 * 2**20), ("1.5GB", 1_500_000_000),
@@ -38,12 +38,6 @@ def test_optuna_sees_the_excess_in_mib_as_the_constraint():
     assert constraint(optuna.trial.create_trial(value=1.0), 2**20) == ()
 
 
-def test_the_runtime_beside_a_prediction_is_the_least_gap_measured_and_never_negative():
-    assert runtime_bytes([]) == 0
-    assert runtime_bytes([([500, 600], [100, 150]), ([450, 480], [90, 60])]) == 360
-    assert runtime_bytes([([100], [150])]) == 0  # a model that overpredicts adds nothing
-
-
 def _pred(stage: list[int], runtime: int, budget: int) -> MemoryPrediction:
     return MemoryPrediction(ranks=tuple(RankMemory(rank=r, weights=w, train_state=0, activations=0, runtime=runtime)
                                         for r, w in enumerate(stage)), whole=sum(stage) + runtime, budget=budget)
@@ -61,6 +55,9 @@ def test_each_rank_learns_its_own_runtime_from_measured_trials_and_starts_from_t
     assert learned_runtime([], 900, 2) == (900, 900)
     seen = [([1000, 1200], [950, 1000], 900), ([1100, 1150], [960, 990], 900)]  # predicted held 900 of runtime
     assert learned_runtime(seen, 900, 3) == (950, 1060, 900)  # min(1000-50, 1100-60), min(1200-100, 1150-90)
+    per_rank = [([1000, 1200], [950, 1000], [900, 900]), ([1100, 1150], [960, 990], [900, 900])]
+    assert learned_runtime(per_rank, 900, 3) == (950, 1060, 900)  # the runtime held, per rank, taken off once
+    assert learned_runtime([([500], [700], 300)], 900, 1) == (100,)  # without its 300 of runtime: 400 predicted
 
 
 @given(st.lists(st.integers(0, 2**34), min_size=1, max_size=8), st.lists(st.integers(0, 2**32), min_size=1, max_size=8))

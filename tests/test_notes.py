@@ -19,7 +19,7 @@ def test_a_measured_speedup_above_the_machines_ceiling_is_flagged_in_the_note():
     attrs = {"source": "sampler", "split_points": ["blocks.3"], "chunks": 8, "value": 2.06, "repeats": 2,
              "predicted_ceiling": 2.0}
     note = trial_note(attrs, ["a", "blocks.3"], number=1, state="measured")
-    assert "| measured (median of 2 repeats) | 2.06x (above the 2.00x this machine's cores can give: noise) |" in note
+    assert "| measured (median of 2 repeats) | 2.06x (above the 2.00x ceiling: noise) |" in note
     assert "above the" not in trial_note({**attrs, "value": 1.9}, ["a", "blocks.3"], number=1, state="measured")
 
 

@@ -7,7 +7,7 @@ import pytest
 from pipeline.core.errors import PipesplitError
 from pipeline.core.plan import SplitPlan, SplitPoint
 from pipeline.core.spec import ModelSpec
-from pipeline.ranks.pooling import check_trial_args, link_samples, result_from_replies
+from pipeline.ranks.pooling import RunsTrials, check_trial_args, link_samples, result_from_replies
 from pipeline.stage.messages import ErrorReply, LinkReply, Lost, TrialOptions, TrialReply
 
 PLAN = SplitPlan(model=ModelSpec(name="m", batch_size=4), split_points=(SplitPoint("b.1"),), chunks=2)
@@ -46,3 +46,20 @@ def test_checks_and_link_samples():
     with pytest.raises(PipesplitError, match="repeats must be >= 1"):
         check_trial_args(PLAN, 2, "cpu", TrialOptions(repeats=0))
     assert link_samples([LinkReply(rank=0, samples=((4, 1e-5),)), LinkReply(rank=1)]) == [(4, 1e-5)]
+
+
+class _Recorder(RunsTrials):
+    stages, device = 2, "cpu"
+
+    def _run_trial(self, plan, opts, timeout_s):
+        self.sent = (plan, opts, timeout_s)
+        return "ran"
+
+
+def test_both_pools_run_takes_the_options_once_and_refuses_bad_ones_before_sending():
+    pool = _Recorder()
+    assert pool.run(PLAN, repeats=5, keep=True, timeout_s=30.0) == "ran"
+    assert pool.sent == (PLAN, TrialOptions(repeats=5, keep=True), 30.0)
+    with pytest.raises(PipesplitError, match="repeats must be >= 1"):
+        _Recorder().run(PLAN, repeats=0)
+    assert not hasattr(_Recorder(), "sent")

@@ -283,7 +283,7 @@ def test_without_a_serial_baseline_a_run_reports_throughput_and_its_stages(pool2
     # a serial run three times the pipeline's on a machine whose cores give 2 stages at most 2x: flagged as noise
     noisy = dataclasses.replace(r, serial_s=tuple(3 * p for p in r.pipeline_s))
     assert "speedup 3.00x (spread 3.00-3.00 over 2 repeats) vs the serial model on one stage's threads: above the " \
-           "2.00x this machine's cores can give 2 stages of 1 thread(s), so noise" in format_result(noisy, 2.0)
+           "2.00x ceiling: noise (the most this machine's cores can give 2 stages of 1 thread(s)" in format_result(noisy, 2.0)
     assert "above the" not in format_result(noisy, 4.0) and "above the" not in format_result(noisy)
     assert r.check is not None and r.check.whole_diff is None and r.check.streamed_diff is not None
     from pipeline.models.build import build_meta_model

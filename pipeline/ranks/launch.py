@@ -27,7 +27,7 @@ from pipeline.core.result import TrialResult
 from pipeline.core.spec import ModelSpec
 from pipeline.ranks.hosts import TorchrunEnv, check_device, default_threads, torchrun_env
 from pipeline.ranks.pool import StagePool
-from pipeline.ranks.pooling import Pool, check_trial_args, link_samples, result_from_replies
+from pipeline.ranks.pooling import Pool, RunsTrials, link_samples, result_from_replies
 from pipeline.ranks.protocol import Command, Configure, MeasureLink, ProfileSegments, RunTrial, Stop, handle
 from pipeline.stage.messages import ErrorReply, Reply, SegmentReply, TrialOptions
 from pipeline.stage.rank import RankState, WorkerConfig, join_group
@@ -49,7 +49,7 @@ def _control_group() -> Any:
 _JOINED = False  # whether this process has joined the torchrun group (a RankPool started)
 
 
-class RankPool:
+class RankPool(RunsTrials):
     """Rank 0's view of a torchrun job: the ``Pool`` interface over ranks that already exist."""
 
     def __init__(self, stages: int, *, device: str = "cpu", threads_per_stage: int | None = None,
@@ -113,14 +113,8 @@ class RankPool:
         dist.gather_object(mine, replies, dst=0, group=self._ctrl)
         return replies
 
-    def run(self, plan: SplitPlan, *, repeats: int = 3, warmup: int = 1, timeout_s: float = 900.0,
-            serial_all: bool = True, serial: bool = True, trace_dir: str | None = None, keep: bool = False,
-            resume: bool = False, check_first_repeat: bool = False, cached_trace: bool = True) -> TrialResult:
+    def _run_trial(self, plan: SplitPlan, opts: TrialOptions, timeout_s: float) -> TrialResult:
         """One real trial on the torchrun ranks (``timeout_s`` is the process group's own timeout here)."""
-        opts = TrialOptions(repeats=repeats, warmup=warmup, serial_all=serial_all, serial=serial, trace_dir=trace_dir,
-                            keep=keep, resume=resume, check_first_repeat=check_first_repeat,
-                            cached_trace=cached_trace)
-        check_trial_args(plan, self.stages, self.device, opts)
         t = time.perf_counter()
         replies = self._round(RunTrial(plan=plan, options=opts))
         result, broken = result_from_replies(plan, replies, time.perf_counter() - t)

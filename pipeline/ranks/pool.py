@@ -18,7 +18,7 @@ from pipeline.core.plan import SplitPlan
 from pipeline.core.result import TrialResult
 from pipeline.core.spec import ModelSpec
 from pipeline.ranks.hosts import available_cores, check_device, default_threads
-from pipeline.ranks.pooling import check_trial_args, link_samples, result_from_replies
+from pipeline.ranks.pooling import RunsTrials, link_samples, result_from_replies
 from pipeline.ranks.protocol import MeasureLink, ProfileSegments, RunTrial, Stop
 from pipeline.ranks.worker import worker_main
 from pipeline.stage.messages import ErrorReply, Lost, Ready, Reply, SegmentReply, TrialOptions
@@ -35,7 +35,7 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-class StagePool:
+class StagePool(RunsTrials):
     """A persistent pool of ``stages`` worker processes forming one gloo (CPU) or NCCL (CUDA) group."""
 
     def __init__(self, stages: int, *, device: str = "cpu", threads_per_stage: int | None = None,
@@ -134,14 +134,8 @@ class StagePool:
             except (BrokenPipeError, OSError):
                 pass  # the sentinel reports it
 
-    def run(self, plan: SplitPlan, *, repeats: int = 3, warmup: int = 1, timeout_s: float = 900.0,
-            serial_all: bool = True, serial: bool = True, trace_dir: str | None = None, keep: bool = False,
-            resume: bool = False, check_first_repeat: bool = False, cached_trace: bool = True) -> TrialResult:
-        """Run one real trial of ``plan``; a failure (bad build, wrong output, dead or hung rank) is a failed result."""
-        opts = TrialOptions(repeats=repeats, warmup=warmup, serial_all=serial_all, serial=serial, trace_dir=trace_dir,
-                            keep=keep, resume=resume, check_first_repeat=check_first_repeat,
-                            cached_trace=cached_trace)
-        check_trial_args(plan, self.stages, self.device, opts)
+    def _run_trial(self, plan: SplitPlan, opts: TrialOptions, timeout_s: float) -> TrialResult:
+        """The trial on the local workers; a broken group restarts the pool for the next trial."""
         if not self._procs:
             self.start()
         t = time.perf_counter()

@@ -15,7 +15,7 @@ from pipeline.core.result import Breakdown, TrialResult, median
 from pipeline.core.spec import ModelSpec
 from pipeline.stage.messages import ErrorReply, LinkReply, Lost, Reply, SegmentReply, TrialOptions, TrialReply
 
-__all__ = ["Pool", "check_trial_args", "link_samples", "result_from_replies"]
+__all__ = ["Pool", "RunsTrials", "check_trial_args", "link_samples", "result_from_replies"]
 
 
 class Pool(Protocol):
@@ -43,6 +43,26 @@ class Pool(Protocol):
                 timeout_s: float = 3600.0, streamed: bool = False) -> list[SegmentReply]: ...
 
     def restart(self) -> None: ...
+
+
+class RunsTrials:
+    """The ``run`` both pools share: a trial's options built and checked once, then sent the pool's own way."""
+
+    stages: int
+    device: str
+
+    def run(self, plan: SplitPlan, *, repeats: int = 3, warmup: int = 1, timeout_s: float = 900.0,
+            serial_all: bool = True, serial: bool = True, trace_dir: str | None = None, keep: bool = False,
+            resume: bool = False, check_first_repeat: bool = False, cached_trace: bool = True) -> TrialResult:
+        """Run one real trial of ``plan``; a failure (bad build, wrong output, dead or hung rank) is a failed result."""
+        opts = TrialOptions(repeats=repeats, warmup=warmup, serial_all=serial_all, serial=serial, trace_dir=trace_dir,
+                            keep=keep, resume=resume, check_first_repeat=check_first_repeat,
+                            cached_trace=cached_trace)
+        check_trial_args(plan, self.stages, self.device, opts)
+        return self._run_trial(plan, opts, timeout_s)
+
+    def _run_trial(self, plan: SplitPlan, opts: TrialOptions, timeout_s: float) -> TrialResult:
+        raise NotImplementedError
 
 
 def check_trial_args(plan: SplitPlan, stages: int, device: str, opts: TrialOptions) -> None:

@@ -10,6 +10,7 @@ from typing import Any
 import optuna
 
 from pipeline.core.atomic import write_json, write_text, write_with
+from pipeline.core.ceiling import above_ceiling
 from pipeline.core.plan import SplitPlan
 from pipeline.export import provenance
 from search.judging.confirm import Confirmation
@@ -98,8 +99,8 @@ def _with_spread(value: Any, spread: Any, fmt: str, ceiling: float | None) -> st
     text = _fmt(value, fmt)
     if spread and text != "-":
         text += f" ({_fmt(spread[0], fmt)}-{_fmt(spread[1], fmt)})"
-    if ceiling and isinstance(value, (int, float)) and value > ceiling:
-        text += f" above the {ceiling:.2f}x ceiling: noise"
+    if flag := above_ceiling(value, ceiling):
+        text += f" {flag}"
     return text
 
 

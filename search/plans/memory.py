@@ -24,7 +24,7 @@ from pipeline.core import budget
 from pipeline.core.budget import format_size
 
 __all__ = ["OVER_MEMORY", "constraint", "format_size", "learned_runtime", "over_limit", "parse_size", "predicted_over",
-           "runtime_bytes", "with_runtime"]
+           "with_runtime"]
 
 OVER_MEMORY = "over_memory"
 """User attribute of a measured trial over the limit: the reason, with the figures."""
@@ -50,20 +50,14 @@ def constraint(trial: FrozenTrial, limit: int) -> tuple[float, ...]:
     return ((max(peaks) - limit) / 2**20,) if peaks else ()
 
 
-def runtime_bytes(measured: Sequence[tuple[Sequence[int], Sequence[int]]]) -> int:
-    """The memory a rank holds that no prediction accounts for: the least (measured peak - predicted) over
-    the ranks of the measured trials ``(peaks, predicted)`` (0 before any, never below 0), so that a plan
-    pruned for it would have peaked over the limit with the smallest runtime seen."""
-    return min(rank_runtime_bytes(measured), default=0)
-
-
-def learned_runtime(measured: Sequence[tuple[Sequence[int], Sequence[int], int]], first: int,
+def learned_runtime(measured: Sequence[tuple[Sequence[int], Sequence[int], int | Sequence[int]]], first: int,
                     ranks: int) -> tuple[int, ...]:
     """The runtime memory a prediction adds to each of ``ranks`` ranks: from measured trials ``(peaks, predicted
-    totals, runtime those totals held)``, the least that rank peaked above its prediction without runtime (never
-    below 0: a plan is pruned only where it would be over with the smallest runtime that rank has shown);
-    ``first`` for a rank no trial has measured."""
-    seen = [(p, [t - rt for t in q]) for p, q, rt in measured if p and q]
+    totals, runtime those totals held: one figure for every rank, or one per rank)``, the least that rank peaked
+    above its prediction without runtime (never below 0: a plan is pruned only where it would be over with the
+    smallest runtime that rank has shown); ``first`` for a rank no trial has measured."""
+    seen = [(p, [t - h for t, h in zip(q, rt if isinstance(rt, Sequence) else [rt] * len(q))])
+            for p, q, rt in measured if p and q]
     per = rank_runtime_bytes(seen) if seen else ()
     return tuple(per[r] if r < len(per) else first for r in range(ranks))
 

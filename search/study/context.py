@@ -165,9 +165,7 @@ class SearchContext:
         for t in measured_trials(self.study):
             a = t.user_attrs
             if a.get("peak_mem_bytes") and a.get("predicted_rank_bytes"):
-                held = a.get("predicted_runtime", 0)
-                held = held if isinstance(held, list) else [held] * len(a["predicted_rank_bytes"])
-                seen.append((a["peak_mem_bytes"], [q - h for q, h in zip(a["predicted_rank_bytes"], held)], 0))
+                seen.append((a["peak_mem_bytes"], a["predicted_rank_bytes"], a.get("predicted_runtime", 0)))
         got = learned_runtime(seen, self.first_runtime, self.stages)
         self._memo.update(runtime_at=count, runtime=got)
         return got

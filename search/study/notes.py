@@ -13,6 +13,7 @@ from typing import Any
 
 import optuna
 
+from pipeline.core.ceiling import above_ceiling
 from search.trials.report import stage_ranges
 
 __all__ = ["save_study_note", "save_trial_note", "study_note", "trial_note"]
@@ -46,8 +47,7 @@ def trial_note(attrs: Mapping[str, Any], names: Sequence[str], *, number: int, s
     spread = attrs.get(f"{metric}_spread") or []
     measured = attrs.get("value", attrs.get(metric))
     ceiling = attrs.get("predicted_ceiling") if metric == "speedup" else None
-    flag = (f" (above the {ceiling:.2f}x this machine's cores can give: noise)"
-            if isinstance(ceiling, (int, float)) and isinstance(measured, (int, float)) and measured > ceiling else "")
+    flag = f" ({f})" if (f := above_ceiling(measured, ceiling)) else ""
     lines += ["", f"| | {metric} |", "|---|---|",
               f"| measured (median of {attrs.get('repeats', '?')} repeats) | {_x(measured, metric)}{flag} |",
               f"| spread of repeats | {_x(spread[0], metric) if spread else '-'} .. "

@@ -7,6 +7,7 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from pipeline.core.ceiling import above_ceiling
 from pipeline.peers.registry import PIPPY, POLICIES
 
 POLICY_ORDER = (*POLICIES, "costmodel-optimum", "costmodel-next")
@@ -152,8 +153,8 @@ def table(rows: list[PolicyRow], ceiling: float | None = None) -> str:
         name = f"**best** ({r.source})" if r.best else r.source
         ranges = " \\| ".join(f"`{x}`" for x in r.stage_ranges)
         measured = f"failed: {r.failed[:80]}" if r.failed else _fmt(r.measured)
-        if ceiling and not r.failed and r.measured > ceiling:
-            measured += f" (above the {ceiling:.2f}x ceiling: noise)"
+        if not r.failed and (flag := above_ceiling(r.measured, ceiling)):
+            measured += f" ({flag})"
         step = _pair(_fmt(r.predicted_s), _fmt(r.measured_s))
         mem = _pair(", ".join(map(str, r.predicted_mib)) or "-", ", ".join(map(str, r.peak_mib)) or "-")
         out.append(f"| {name} | {ranges} | {r.chunks} | {r.schedule} | {_fmt(r.predicted)} | {measured} "
