@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 STAMP_DEV := $(VENV)/.installed-dev
 
-.PHONY: optimize test check install install-dev clean
+.PHONY: optimize test check docs docs-serve install install-dev clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -15,10 +15,10 @@ $(STAMP): pyproject.toml | $(PY)
 	$(PY) -m pip install -q -e .
 	touch $@
 
-# dev: the test tools and the training frameworks whose split rules are measured (pipeline.peers); torchtitan
+# dev: the test tools, the manual's builder (docs) and the training frameworks whose split rules are measured (pipeline.peers); torchtitan
 # without its dependencies (see pyproject.toml's peers extra)
 $(STAMP_DEV): pyproject.toml $(STAMP)
-	$(PY) -m pip install -q -e '.[dev,peers]'
+	$(PY) -m pip install -q -e '.[dev,peers,docs]'
 	$(PY) -m pip install -q --no-deps 'torchtitan>=0.3'
 	touch $@
 
@@ -34,8 +34,16 @@ check: $(STAMP_DEV)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy
 
+# the manual, from docs/ (mkdocs.yml): a broken link, a missing page or a docstring it cannot read fails it
+docs: $(STAMP_DEV)
+	NO_MKDOCS_2_WARNING=1 DISABLE_MKDOCS_2_WARNING=true $(VENV)/bin/mkdocs build --strict
+
+docs-serve: $(STAMP_DEV)
+	NO_MKDOCS_2_WARNING=1 DISABLE_MKDOCS_2_WARNING=true $(VENV)/bin/mkdocs serve
+
+# tests/test_docs.py builds the manual with --strict too, and checks every flag is in its reference
 test: check
 	$(PY) -m pytest -q --durations=10 tests
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache build/site

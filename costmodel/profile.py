@@ -299,12 +299,9 @@ def check_whole_fits(spec: ModelSpec, device_memory: str | None, granularity: st
                        "the serial baseline runs the whole model in one process", mode=mode, device=device)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    from pipeline.logs import quiet_logs
-
-    quiet_logs()
-    from pipeline.cli import Parser, add_model_args, positive_int, spec_from_args
-    from pipeline.core.atomic import write_json
+def parser() -> argparse.ArgumentParser:
+    """The command's flags, apart from running it, so the docs' reference is generated from them."""
+    from pipeline.cli import Parser, add_model_args, positive_int
 
     p = Parser(prog="python -m costmodel.profile", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -323,7 +320,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     add_cache_args(p)
     add_device_memory_arg(p, streams=True)
     p.add_argument("--out", default=None, help="also write the profile JSON here")
-    args = p.parse_args(argv)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    from pipeline.logs import quiet_logs
+
+    quiet_logs()
+    from pipeline.cli import spec_from_args
+    from pipeline.core.atomic import write_json
+
+    args = parser().parse_args(argv)
     try:
         spec = spec_from_args(args)
         streamed = not whole_fits(spec, args.device_memory, args.granularity, device=args.device,

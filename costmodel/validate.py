@@ -119,28 +119,11 @@ def memory_lines(records: Sequence[dict[str, Any]]) -> list[str]:
     return lines
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    from pipeline.logs import quiet_logs
-
-    quiet_logs()
-    from tqdm import tqdm
-
-    from costmodel.profile import add_cache_args, add_device_memory_arg, check_whole_fits, load_for_stages
-    from pipeline.cli import Parser, add_model_args, positive_int, spec_from_args
-    from pipeline.core.plan import (
-        MODES,
-        OPTIMIZERS,
-        SCHEDULES,
-        SplitPlan,
-        SplitPoint,
-        check_ranks,
-        choose_chunks,
-        parse_chunks,
-        schedule_chunks,
-    )
-    from pipeline.ranks.hosts import available_cores
-    from pipeline.ranks.launch import open_pool
-    from pipeline.rounds import interleaved
+def parser() -> argparse.ArgumentParser:
+    """The command's flags, apart from running it, so the docs' reference is generated from them."""
+    from costmodel.profile import add_cache_args, add_device_memory_arg
+    from pipeline.cli import Parser, add_model_args, positive_int
+    from pipeline.core.plan import MODES, OPTIMIZERS, SCHEDULES
 
     p = Parser(prog="python -m costmodel.validate", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -172,7 +155,30 @@ def main(argv: Sequence[str] | None = None) -> int:
     add_cache_args(p)
     p.add_argument("--out", default=None, help="also write every plan's predicted and measured numbers as JSON here")
     add_device_memory_arg(p)
-    args = p.parse_args(argv)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    from pipeline.logs import quiet_logs
+
+    quiet_logs()
+    from tqdm import tqdm
+
+    from costmodel.profile import check_whole_fits, load_for_stages
+    from pipeline.cli import spec_from_args
+    from pipeline.core.plan import (
+        SplitPlan,
+        SplitPoint,
+        check_ranks,
+        choose_chunks,
+        parse_chunks,
+        schedule_chunks,
+    )
+    from pipeline.ranks.hosts import available_cores
+    from pipeline.ranks.launch import open_pool
+    from pipeline.rounds import interleaved
+
+    args = parser().parse_args(argv)
     try:
         check_ranks(args.stages, args.stages_per_rank)
         spec = spec_from_args(args)

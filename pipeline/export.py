@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import argparse
 import os
 import platform
 import socket
@@ -160,10 +161,8 @@ def study_lookup(doc: dict[str, Any]) -> Measured | None:
     return find
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m pipeline.export --split best_split.json --to torchtitan|megatron|deepspeed``."""
-    import argparse
-
+def parser() -> argparse.ArgumentParser:
+    """The command's flags, apart from running it, so the docs' reference is generated from them."""
     p = argparse.ArgumentParser(
         prog="python -m pipeline.export",
         description="Print a split (best_split.json or any plan) in the form a torchtitan, Megatron-Core or "
@@ -175,7 +174,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--split", required=True, metavar="FILE", help="a best_split.json or plan JSON")
     p.add_argument("--to", required=True, choices=("torchtitan", "megatron", "deepspeed"), help="the framework's format")
     p.add_argument("--out", metavar="FILE", help="also write it to FILE")
-    args = p.parse_args(argv)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m pipeline.export --split best_split.json --to torchtitan|megatron|deepspeed``."""
+    args = parser().parse_args(argv)
     try:
         doc = SplitPlan.read(args.split)
         plan = SplitPlan.from_dict(doc)

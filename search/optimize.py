@@ -53,7 +53,7 @@ examples:
   optuna-dashboard sqlite:///results/optuna.db --artifact-dir results/artifacts   # the study in a browser
 """
 
-def _parser() -> argparse.ArgumentParser:
+def parser() -> argparse.ArgumentParser:
     return build_parser("python -m search.optimize", __doc__ or "", EXAMPLES)
 
 
@@ -142,7 +142,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from pipeline.logs import quiet_logs
 
     quiet_logs()
-    args = _parser().parse_args(argv)
+    args = parser().parse_args(argv)
     from pipeline.ranks.launch import follower_exit, release_followers
 
     try:

@@ -35,7 +35,7 @@ examples:
 SWEEP_TRIALS = 10
 
 
-def _parser() -> argparse.ArgumentParser:
+def parser() -> argparse.ArgumentParser:
     from search.optimize import build_parser
 
     p = build_parser("python -m search.sweep", __doc__ or "", EXAMPLES, sweep=True)
@@ -49,7 +49,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from pipeline.logs import quiet_logs
 
     quiet_logs()
-    args = _parser().parse_args(argv)
+    args = parser().parse_args(argv)
     try:
         return _run(args)
     except PipesplitError as e:

@@ -30,14 +30,14 @@ def test_stages_and_stages_per_rank_mean_the_same_ranks_and_pieces_in_every_comm
     import json
 
     from costmodel.validate import main as validate
-    from pipeline.run import _parser, plan_from_args
-    from search.optimize import _parser as search_parser
+    from pipeline.run import parser, plan_from_args
+    from search.optimize import parser as search_parser
     from search.plans.layouts import choose_layouts
     from search.study.config import SearchConfig
     from tests.conftest import TINY_VIT_ARGS
 
     flags = ["--stages", "2", "--stages-per-rank", "2", "--schedule", "Interleaved1F1B"]
-    plan = plan_from_args(_parser().parse_args([*TINY_VIT_ARGS, *flags, "--policy", "uniform", "--chunks", "4"]))
+    plan = plan_from_args(parser().parse_args([*TINY_VIT_ARGS, *flags, "--policy", "uniform", "--chunks", "4"]))
     assert (plan.ranks, plan.stages) == (2, 4) and "4 stages on 2 ranks, 2 per rank" in plan.describe()
 
     cfg = SearchConfig.from_args(search_parser().parse_args([*TINY_VIT_ARGS, *flags, "--chunks", "4"]), 2)
