@@ -38,6 +38,9 @@ def test_a_lost_rank_breaks_the_group_and_a_failing_rank_explains_it():
     r, broken = result_from_replies(PLAN, [ErrorReply(rank=0, error="output check failed"),
                                            ErrorReply(rank=1, error="output check failed", max_abs_diff=3.0)], 1.0)
     assert not broken and r.reason == "output check failed" and r.max_abs_diff == 3.0
+    r, broken = result_from_replies(PLAN, [ErrorReply(rank=0, error="rank 0 failed mid-trial: connection reset", fatal=True),
+                                           Lost(rank=1, why="stage worker rank 1 (pid 7) died (signal 9)", dead=True)], 1.0)
+    assert broken and r.reason == "stage worker rank 1 (pid 7) died (signal 9) (the other 1 rank(s) failed with it)"
 
 
 def test_checks_and_link_samples():

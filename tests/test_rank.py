@@ -11,3 +11,29 @@ def test_the_model_is_built_once_per_spec(tiny_spec):
 
 def test_one_line_keeps_the_type_and_first_line():
     assert one_line(ValueError("bad\nsecond line")) == "ValueError: bad"
+
+
+def test_a_rank_draws_tqdm_bars_under_a_thread_lock_so_a_killed_rank_leaks_no_semaphore(monkeypatch):
+    import multiprocessing.context as mpc
+    from multiprocessing import resource_tracker
+
+    import tqdm
+    import tqdm.std
+
+    from pipeline.stage.rank import _thread_lock_for_tqdm
+
+    def bar_registers() -> list[tuple[str, str]]:
+        """Whether tqdm's first bar, in a process whose start method is not fork (a rank's), names a semaphore."""
+        registered: list[tuple[str, str]] = []
+        monkeypatch.setattr(resource_tracker, "register", lambda name, rtype: registered.append((name, rtype)))
+        monkeypatch.setattr(mpc._default_context, "_actual_context", mpc._concrete_contexts["spawn"])
+        monkeypatch.delattr(tqdm.std.TqdmDefaultWriteLock, "mp_lock", raising=False)
+        with tqdm.tqdm(total=1, disable=True):  # what torch.fx's interpreter opens on every run
+            pass
+        return registered
+
+    monkeypatch.delattr(tqdm.tqdm, "_lock", raising=False)
+    assert bar_registers() != []  # tqdm's own lock: a named semaphore that a killed rank never unlinks
+    monkeypatch.delattr(tqdm.tqdm, "_lock", raising=False)
+    _thread_lock_for_tqdm()
+    assert bar_registers() == []

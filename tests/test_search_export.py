@@ -25,6 +25,18 @@ def test_a_search_that_measured_fewer_trials_than_asked_says_why():
     assert "stopped short" not in budget_line(counts | {"measured": 8, "seeds": 4}, asked=8)
 
 
+def test_a_failed_trial_is_counted_and_named_apart_from_the_measured_ones():
+    from search.outputs.export import budget_line
+
+    counts = {"stored": 12, "measured": 11, "failed": 1, "seeds": 3, "raced_out": 4, "repeats": 20, "pruned": 0,
+              "infeasible": 0, "duplicates": 0, "skipped": 0, "space": 84}
+    why = "stage worker rank 1 (pid 4242) died (signal 9)"
+    line = budget_line(counts, asked=12, failures=[(5, why)])
+    assert line.startswith(f"11 measured trials (3 seeds, 8 the sampler's own, 4 of them raced out early) and 1 failed "
+                           f"(trial 5: {why}) of 12 asked for")
+    assert "stopped short" not in line
+
+
 def test_the_budget_line_names_the_repeat_budget_and_a_small_space():
     from search.outputs.export import budget_line
 

@@ -145,6 +145,9 @@ class TrialResult:
     stage_bytes: tuple[int, ...] = ()
     """Per rank, bytes of the parameters and buffers it made real for its own stages (nothing else of the
     model: the rest stays on meta); the base less this is the rank's runtime and training state."""
+    reused_bytes: tuple[int, ...] = ()
+    """Per rank, of ``stage_bytes``, those it took as they were from the tensors an earlier trial's stage left
+    it (weights are the same by name in any split); the rest it made for this trial."""
     max_abs_diff: float = float("nan")
     """Largest |pipeline output - unsplit model output|."""
     tolerance: float = float("nan")
@@ -251,7 +254,7 @@ class TrialResult:
         args["plan"] = SplitPlan.from_dict(d["plan"])
         for k in ("serial_s", "serial_all_s", "pipeline_s", "stage_compute_s", "stage_comm_s"):
             args[k] = tuple(float(x) for x in args.get(k, ()))
-        for k in ("boundary_bytes", "peak_mem_bytes", "base_mem_bytes", "stage_bytes"):
+        for k in ("boundary_bytes", "peak_mem_bytes", "base_mem_bytes", "stage_bytes", "reused_bytes"):
             args[k] = tuple(int(x) for x in args.get(k, ()))
         args["events"] = tuple(tuple(tuple(e) for e in rank) for rank in args.get("events", ()))
         args["comm_events"] = tuple(tuple(tuple(e) for e in rank) for rank in args.get("comm_events", ()))
@@ -298,4 +301,4 @@ def merged(parts: list[TrialResult]) -> TrialResult:
                    max_abs_diff=first.max_abs_diff, check=first.check,
                    tolerance=first.tolerance, build_s=first.build_s, wall_s=sum(p.wall_s for p in parts),
                    busy_s=sum(p.busy_s for p in parts), boundary_bytes=first.boundary_bytes, breakdown=breakdown,
-                   stage_bytes=first.stage_bytes)
+                   stage_bytes=first.stage_bytes, reused_bytes=first.reused_bytes)

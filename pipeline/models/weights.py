@@ -14,6 +14,7 @@ from torch import nn
 
 from pipeline.core.errors import PipesplitError, one_line
 from pipeline.models.fake import fake_model
+from pipeline.models.kept import KeptTensors
 from pipeline.models.meta import MetaModel, storage_key
 
 T = TypeVar("T")
@@ -113,12 +114,14 @@ def module_tensors(module: nn.Module) -> list[tuple[str, torch.Tensor, bool]]:
 
 
 def materialise_module(module: nn.Module, meta: MetaModel, device: torch.device,
-                       name_of: Callable[[str], str] = lambda n: n, *, train: bool = False) -> int:
+                       name_of: Callable[[str], str] = lambda n: n, *, train: bool = False,
+                       kept: KeptTensors | None = None) -> int:
     """Give ``module`` (on meta, its tensors named as in the model through ``name_of``) its real tensors on
-    ``device``, in place; returns the bytes allocated. A tensor shared under two names stays one tensor."""
+    ``device``, in place, taking those ``kept`` holds from an earlier trial; returns the bytes of its tensors.
+    A tensor shared under two names stays one tensor."""
     entries = module_tensors(module)
     names = {n: name_of(n) for n, _, _ in entries}
-    real = meta.materialise(names.values(), device)
+    real = kept.materialise(meta, names.values(), device) if kept is not None else meta.materialise(names.values(), device)
     made: dict[int, torch.Tensor] = {}
     for n, t, is_param in entries:
         owner, _, leaf = n.rpartition(".")

@@ -7,6 +7,7 @@ their replies, so it can kill and restart a pool whose worker died or hung witho
 from __future__ import annotations
 
 import multiprocessing as mp
+import os
 import socket
 import sys
 import time
@@ -27,6 +28,21 @@ from pipeline.stage.rank import WorkerConfig
 __all__ = ["StagePool"]
 
 FATAL_GRACE_S = 10.0
+
+
+PRELOAD = ("pipeline.ranks.worker", "timm", "pippy", "torch._dynamo", "torch.distributed.pipelining", "torch.export")
+"""What a stage worker imports before it can answer (torch, the stage code, timm), imported once into the
+``forkserver`` that every worker of this process is forked from, not again by each worker."""
+
+
+def start_context() -> Any:
+    """The context workers start from: a ``forkserver`` that has already imported ``PRELOAD`` (and transformers
+    where this process uses it), so a worker starts warm; ``spawn`` where there is no forkserver (not POSIX)."""
+    if "forkserver" not in mp.get_all_start_methods() or os.environ.get("PIPESPLIT_START") == "spawn":
+        return mp.get_context("spawn")
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload([*PRELOAD, *(["transformers"] if "transformers" in sys.modules else [])])
+    return ctx
 
 
 def _free_port() -> int:
@@ -71,7 +87,7 @@ class StagePool(RunsTrials):
     def start(self) -> None:
         """Spawn the workers and wait until each has joined the process group."""
         t = time.perf_counter()
-        ctx = mp.get_context("spawn")
+        ctx = start_context()
         cfg = WorkerConfig(world_size=self.stages, device=self.device,
                            init_method=f"tcp://127.0.0.1:{_free_port()}", timeout_s=self.group_timeout_s,
                            threads=self.threads_per_stage)

@@ -94,10 +94,14 @@ def result_from_replies(plan: SplitPlan, replies: Sequence[Reply], wall: float) 
     hung or failed mid-trial)."""
     lost = [r for r in replies if isinstance(r, Lost)]
     errors = [r for r in replies if isinstance(r, ErrorReply)]
+    dead = [f.why for f in lost if f.dead]
+    if dead:  # a dead rank is the reason: its peers' errors (a reset connection) only follow from it
+        others = len(replies) - len(dead)
+        reason = "; ".join(dead) + (f" (the other {others} rank(s) failed with it)" if others else "")
+        return TrialResult.failed(plan, reason, wall_s=wall), True
     if lost:
         # a rank that failed explains the ranks left waiting on it
-        reason = "; ".join([*[f.why for f in lost if f.dead], *[e.error for e in errors],
-                            *[f.why for f in lost if not f.dead]][:2])
+        reason = "; ".join([*[e.error for e in errors], *[f.why for f in lost]][:2])
         return TrialResult.failed(plan, reason, wall_s=wall), True
     last = replies[-1]
     if errors:
@@ -124,7 +128,7 @@ def result_from_replies(plan: SplitPlan, replies: Sequence[Reply], wall: float) 
         boundary_bytes=tuple(d.out_bytes for d in ranks[:-1]),
         peak_mem_bytes=tuple(d.peak_mem_bytes for d in ranks),
         base_mem_bytes=tuple(d.base_mem_bytes for d in ranks),
-        stage_bytes=tuple(d.stage_bytes for d in ranks),
+        stage_bytes=tuple(d.stage_bytes for d in ranks), reused_bytes=tuple(d.reused_bytes for d in ranks),
         work_events=tuple(tuple((str(n), a, b) for n, a, b in ev) for ev in _aligned(ranks, "work_events")),
         max_abs_diff=ranks[-1].max_abs_diff,
         tolerance=ranks[-1].tolerance,

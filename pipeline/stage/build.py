@@ -17,9 +17,11 @@ from pipeline.core.errors import one_line
 from pipeline.core.plan import BACKENDS, MULTI_SCHEDULES, SplitPlan
 from pipeline.models.batch import Batch, first_chunk
 from pipeline.models.fake import fake_copies_allowed, fake_model, module_copy
+from pipeline.models.kept import KeptTensors
 from pipeline.models.meta import MetaModel
 from pipeline.models.traces import TraceCache
-from pipeline.models.weights import empty_copy, materialise_module, whole_model
+from pipeline.models.weights import empty_copy, materialise_module, module_tensors, whole_model
+from pipeline.stage.reference import GC_BYTES, trim_heap
 from pipeline.stage.skips import free_of_grad, grad_needs
 from pipeline.stage.training import aliases, loss_fn, make_optimizer, tied_grads
 
@@ -37,6 +39,8 @@ class BuiltStage:
     """The plan's whole split, every stage on meta: the streamed reference runs it (torch backend)."""
     own_bytes: int = 0
     """Bytes of the parameters and buffers this rank materialised for its stages."""
+    reused_bytes: int = 0
+    """Of those, the bytes it took as they were from the tensors an earlier trial left it (``KeptTensors``)."""
     params: list[tuple[str, nn.Parameter]] = field(default_factory=list)
     """Training: this stage's parameters by their name in the unsplit model (a tied copy by its first name)."""
     update: Callable[[], None] | None = None
@@ -166,7 +170,7 @@ def _split_real(meta: MetaModel, mb: Batch, spec: dict[str, Any]) -> Any:
 
 def _build_torch(plan: SplitPlan, meta: MetaModel, x: Batch, rank: int, device: torch.device,
                  group: dist.ProcessGroup | None, traces: TraceCache | None = None,
-                 target: torch.Tensor | None = None) -> BuiltStage:
+                 target: torch.Tensor | None = None, kept: KeptTensors | None = None) -> BuiltStage:
     from torch.distributed.pipelining import SplitPoint, pipeline
     from torch.distributed.pipelining.schedules import get_schedule_class
 
@@ -195,12 +199,17 @@ def _build_torch(plan: SplitPlan, meta: MetaModel, x: Batch, rank: int, device: 
     held = plan.rank_stages(rank)
     name_of = name_in(meta)
     needs = grad_needs(pipe.split_gm) if train else {}
-    built, own = [], 0
+    if kept is not None:  # what the last plan left this rank and this one does not use goes before anything is made
+        wanted = {name_of(n) for i in held for n, _, _ in module_tensors(pipe.get_stage_module(i))}
+        if kept.keep_only(wanted) >= GC_BYTES:
+            trim_heap()
+    built, own, reused = [], 0, 0
     for i in held:
         on_meta = pipe.get_stage_module(i)
         target_name = next(n for n, m in pipe.split_gm.named_children() if m is on_meta)
         real = empty_copy(on_meta)
-        own += materialise_module(real, meta, device, name_of, train=train)
+        own += materialise_module(real, meta, device, name_of, train=train, kept=kept)
+        reused += kept.reused_bytes if kept is not None else 0
         setattr(pipe.split_gm, target_name, real)
         try:
             built.append(pipe.build_stage(i, device, group))
@@ -239,7 +248,7 @@ def _build_torch(plan: SplitPlan, meta: MetaModel, x: Batch, rank: int, device: 
         built_stage = BuiltStage(modules=modules, step=step, runtime=schedule)
     built_stage.work = log
     built_stage.split_gm = split_gm
-    built_stage.own_bytes = own
+    built_stage.own_bytes, built_stage.reused_bytes = own, reused
     return built_stage
 
 
@@ -351,10 +360,10 @@ def _explained(built: BuiltStage, plan: SplitPlan) -> BuiltStage:
 
 def build_stage(plan: SplitPlan, meta: MetaModel, x: Batch, rank: int, device: torch.device,
                 group: dist.ProcessGroup | None = None, traces: TraceCache | None = None,
-                target: torch.Tensor | None = None) -> BuiltStage:
+                target: torch.Tensor | None = None, kept: KeptTensors | None = None) -> BuiltStage:
     """Cut the model on meta (never modified) at the plan's cuts and make this rank's stages real; on the
-    torch backend from the worker's cached export (``traces``) where it marks the plan's cuts. A training
-    plan's last rank takes the loss's ``target``."""
+    torch backend from the worker's cached export (``traces``) where it marks the plan's cuts, and taking the
+    tensors an earlier trial left in ``kept``. A training plan's last rank takes the loss's ``target``."""
     if plan.backend == "torch":
-        return _explained(_build_torch(plan, meta, x, rank, device, group, traces, target), plan)
+        return _explained(_build_torch(plan, meta, x, rank, device, group, traces, target, kept), plan)
     return _explained(_build_pippy(plan, meta, x, rank, device, group), plan)

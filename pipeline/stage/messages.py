@@ -96,6 +96,8 @@ class TrialReply:
     """Memory held as a timed run started (the least over runs)."""
     stage_bytes: int = 0
     """Bytes of the parameters and buffers this rank made real for its stages."""
+    reused_bytes: int = 0
+    """Of those, the bytes taken as they were from the tensors an earlier trial left this rank."""
     phases: tuple[float, float, float, float] = (0.0, 0.0, 0.0, 0.0)
     """Seconds this rank spent to build (until every rank had built), check, warm up and time."""
     check: OutputCheck | None = None

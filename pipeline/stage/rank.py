@@ -21,6 +21,7 @@ from pipeline.core.errors import one_line
 from pipeline.core.spec import ModelSpec
 from pipeline.logs import quiet_logs
 from pipeline.models.build import build_meta_model
+from pipeline.models.kept import KeptTensors
 from pipeline.models.meta import MetaModel
 from pipeline.models.traces import TraceCache
 from pipeline.models.weights import whole_model
@@ -68,6 +69,8 @@ class RankState:
         """The model's exports, reused to build torch-backend stages (``pipeline.models.traces``)."""
         self.peak = Peak(self.device)
         self.comm: CommClock | None = None
+        self.weights = KeptTensors()
+        """The real tensors of the last stage this rank built, by name, for the next plan (forward-only trials)."""
         self.kept: tuple[str, Any, float, float, int, Any] | None = None
         """(plan identity, built stage, output difference, tolerance, bytes sent, its OutputCheck) kept by a
         trial for a resumed one."""
@@ -83,6 +86,7 @@ class RankState:
             self.models.clear()
             self.serial_models.clear()
             self.kept = None
+            self.weights.clear()
             self.refs.clear()
             self.grad_refs.clear()
             self.warm.clear()
@@ -143,8 +147,21 @@ def _preload() -> None:
     import torch.export  # noqa: F401
 
 
+def _thread_lock_for_tqdm() -> None:
+    """torch.fx's interpreter opens a (disabled) tqdm bar on every run, and tqdm's first bar makes a named
+    multiprocessing lock: a rank killed mid-trial (or by a pool restart) could never unlink it, and the run
+    ended with "resource_tracker: There appear to be N leaked semaphore objects". A rank draws no bars
+    across processes, so a thread lock does."""
+    import threading
+
+    from tqdm import tqdm
+
+    tqdm.set_lock(threading.RLock())
+
+
 def join_group(rank: int, cfg: WorkerConfig) -> RankState:
     """Join the pipeline's process group (gloo on CPU, NCCL on CUDA) and set up this rank's state."""
+    _thread_lock_for_tqdm()
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     os.environ.setdefault("KINETO_LOG_LEVEL", "5")  # torch.profiler (--trace) is chatty on stderr otherwise
     quiet_logs()

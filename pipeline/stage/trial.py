@@ -72,9 +72,11 @@ def run_trial(state: RankState, plan: SplitPlan, opts: TrialOptions) -> TrialRep
             target = loss_target(plan, meta, x)
         elif rank == plan.last_rank and plan.backend == "torch" and plan.model.key not in state.refs:
             reference_first(state, plan, meta, x)
+        if train:
+            state.weights.clear()  # a training step changes its parameters in place: nothing of them is kept
         stage = kept[1] if kept is not None else build_stage(plan, meta, x, rank, state.device,
                                                              traces=state.traces if opts.cached_trace else None,
-                                                             target=target)
+                                                             target=target, kept=None if train else state.weights)
     except Exception as e:  # noqa: BLE001 - reported as the trial's reason
         cuts = ", ".join(plan.split_spec())
         error = (f"rank {rank} could not build its stage for cuts [{cuts}]: {one_line(e)}"
@@ -185,6 +187,7 @@ def run_trial(state: RankState, plan: SplitPlan, opts: TrialOptions) -> TrialRep
         clock.close()
         state.comm = None
         own, actions = stage.own_bytes, tuple(stage.actions)
+        reused = 0 if kept is not None else stage.reused_bytes  # a resumed trial built nothing
         if state.kept is None or state.kept[1] is not stage:
             _let_go(stage)
     return TrialReply(rank=rank, build_s=build_s, out_bytes=out_bytes, max_abs_diff=diff, tolerance=tol, check=check,
@@ -192,7 +195,7 @@ def run_trial(state: RankState, plan: SplitPlan, opts: TrialOptions) -> TrialRep
                       compute_s=tuple(compute), comm_s=tuple(waits), events=tuple(events),
                       comm_events=tuple(comm_events), t0=t0_abs, host=socket.gethostname(),
                       peak_mem_bytes=peak if pipe else state.peak.read(), base_mem_bytes=base if pipe else 0,
-                      stage_bytes=own,
+                      stage_bytes=own, reused_bytes=reused,
                       busy_s=time.perf_counter() - t_recv, trace=trace,
                       phases=(build_s, t_checked - t_built + check_in_loop, t_warm - t_checked,
                               t_timed - t_warm - check_in_loop), actions=actions,

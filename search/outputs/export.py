@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +18,7 @@ from search.judging.confirm import Confirmation
 from search.plans.memory import OVER_MEMORY, format_size
 from search.plans.seeds import frameworks_line
 from search.study.context import SearchContext
-from search.trials.coordination import MEASURED, SAMPLER, is_seed, timed_share, trial_counts, value_of
+from search.trials.coordination import MEASURED, SAMPLER, failed_trials, is_seed, timed_share, trial_counts, value_of
 
 
 def _fmt(x: Any, spec: str = ".2f") -> str:
@@ -197,7 +198,7 @@ def export(study: optuna.Study, ctx: SearchContext, outdir: Path, *, confirmatio
     ceiling = study.user_attrs.get("ceiling")
     table = summary_table(rows, metric, ceiling)
     budget = budget_line(trial_counts(study) | {"unrun_over_memory": int(study.user_attrs.get("unrun_over_memory", 0))},
-                         asked, ctx.budget_repeats)
+                         asked, ctx.budget_repeats, failures=failed_trials(study))
     share = timed_share(study)
     if share is not None:
         budget += (f" The measured trials spent {share:.0%} of their wall time in timed repeats (the rest: building "
@@ -259,25 +260,28 @@ def memory_errors(study: optuna.Study) -> str:
 
 
 def budget_line(c: dict[str, int], asked: int | None, budget_repeats: int | None = None,
-                memory_flag: str = "--device-memory") -> str:
-    """The search's budget in words: what was asked, what was measured, and why the rest was not."""
+                memory_flag: str = "--device-memory", failures: Sequence[tuple[int, str]] = ()) -> str:
+    """The search's budget in words: what was asked, what was measured, what failed and why the rest was not."""
     own = c["measured"] - c["seeds"]
     raced = f", {c['raced_out']} of them raced out early" if c.get("raced_out") else ""
     if c.get("over_memory"):
         raced += f", {c['over_memory']} over {memory_flag} (infeasible)"
+    failed = c.get("failed", 0)
+    named = "; ".join(f"trial {n}: {why[:160]}" for n, why in failures[:3]) + ("; ..." if len(failures) > 3 else "")
     text = (f"{c['measured']} measured trials ({c['seeds']} seeds, {own} the sampler's own{raced})"
+            + (f" and {failed} failed ({named})" if failed and named else f" and {failed} failed" if failed else "")
             + (f" of {asked} asked for" if asked is not None else "")
             + f", {c.get('repeats', 0)} timed repeats" + (f" of a budget of {budget_repeats}" if budget_repeats else "")
             + f"; {c['stored']} trials stored in all"
             + (f", from a space of {c['space']} plans." if c.get("space") else "."))
-    if asked is not None and c["measured"] < asked:
+    if asked is not None and c["measured"] + failed < asked:
         if budget_repeats is not None and c.get("repeats", 0) >= budget_repeats:
             text += " The search stopped when its repeat budget was spent."
         elif c.get("unrun_over_memory"):
             text += (f" The search stopped when every plan left was predicted over {memory_flag}: the "
                      f"{c['unrun_over_memory']} plans without a trial were never built; a larger {memory_flag}, "
                      "more stages or a smaller dtype widen the space.")
-        elif c.get("space") and c["measured"] + c["pruned"] + c.get("predicted_over", 0) >= c["space"]:
+        elif c.get("space") and c["measured"] + failed + c["pruned"] + c.get("predicted_over", 0) >= c["space"]:
             over = (f", {c['predicted_over']} predicted over {memory_flag} and not run" if c.get("predicted_over")
                     else "")
             text += (f" The space holds only {c['space']} plans ({c['measured']} measured, {c['pruned']} pruned by "

@@ -258,7 +258,7 @@ def result_attrs(result: TrialResult, metric: Metric, serial_s: float | None = N
         return {"fail_reason": result.reason}
     m = result.measured()
     keep = ("speedup_spread", "serial_s", "pipeline_s", "stage_compute_s", "stage_comm_s", "boundary_bytes",
-            "peak_mem_bytes", "base_mem_bytes", "stage_bytes", "max_abs_diff", "check", "throughput",
+            "peak_mem_bytes", "base_mem_bytes", "stage_bytes", "reused_bytes", "max_abs_diff", "check", "throughput",
             "throughput_spread", "tokens_per_s")
     speedup = {"speedup": result.speedup, "speedups": list(result.speedups)} if result.serial_s else {}
     return {**{k: m[k] for k in keep}, "measured_s": statistics.median(result.pipeline_s), "output_check": "ok",

@@ -99,7 +99,7 @@ def seed_count(study: optuna.Study) -> int:
 def exhausted_summary(study: optuna.Study) -> str:
     """How the trials of an exhausted space ended, in a few words (``search.trials.coordination.trial_counts``)."""
     c = trial_counts(study)
-    parts = [(c["measured"], "measured"), (c["pruned"], "pruned by the cost model"),
+    parts = [(c["measured"], "measured"), (c["failed"], "failed"), (c["pruned"], "pruned by the cost model"),
              (c["predicted_over"], "predicted over the memory limit")]
     return ", ".join(f"{n} {what}" for n, what in parts if n) or "none measured"
 

@@ -17,7 +17,7 @@ from optuna.trial import FrozenTrial, TrialState
 from pipeline.core.result import Breakdown
 
 __all__ = ["MEASURED", "SAMPLER", "value_of", "claims", "fail_stale", "is_seed", "measured_trials", "others_running",
-           "repeats_spent", "skip_reason", "timed_share", "trial_counts", "worker_id"]
+           "repeats_spent", "skip_reason", "timed_share", "trial_counts", "worker_id", "failed_trials"]
 
 MEASURED = "measured"
 SAMPLER = "sampler"
@@ -129,16 +129,26 @@ def skip_reason(study: optuna.Study, number: int, key: str, budget: int | None) 
     return None
 
 
+def failed_trials(study: optuna.Study) -> list[tuple[int, str]]:
+    """(number, reason) of each trial that ran a plan and failed: named apart from the measured ones."""
+    return [(t.number, str(t.user_attrs["fail_reason"])) for t in measured_trials(study)
+            if t.state == TrialState.FAIL and t.user_attrs.get("fail_reason")]
+
+
 def trial_counts(study: optuna.Study) -> dict[str, int]:
-    """How the study's trials ended: measured (by seeds and by the sampler; raced out among them), pruned,
-    infeasible, repeated; the timed repeats spent; the space's size."""
-    out = {"stored": 0, "measured": 0, "seeds": 0, "raced_out": 0, "repeats": 0, "pruned": 0, "infeasible": 0,
+    """How the study's trials ended: measured (by seeds and by the sampler; raced out among them), failed (ran
+    and broke: a dead rank, a wrong output), pruned, infeasible, repeated; the timed repeats spent; the
+    space's size."""
+    out = {"stored": 0, "measured": 0, "failed": 0, "seeds": 0, "raced_out": 0, "repeats": 0, "pruned": 0,
+           "infeasible": 0,
            "over_memory": 0, "predicted_over": 0, "duplicates": 0, "skipped": 0,
            "space": int(study.user_attrs.get("space_size") or 0)}
     for t in study.get_trials(deepcopy=False):
         a = t.user_attrs
         out["stored"] += 1
-        if a.get(MEASURED):
+        if a.get(MEASURED) and t.state == TrialState.FAIL and a.get("fail_reason"):
+            out["failed"] += 1
+        elif a.get(MEASURED):
             out["measured"] += 1
             out["seeds"] += is_seed(t)
             out["raced_out"] += bool(a.get("raced_out"))
