@@ -12,8 +12,15 @@ Two figures (DeiT-S, batch 32, 2 stages x 1 thread by default):
    ratio first / second over the "after" trials).
 2. **Driver overhead**: the driver's time outside the ranks' own work, pooled vs a fresh process spawn
    per trial (``--spawn``; the spawn figure includes starting the processes and the process group).
+3. **Whole searches** (``--search DIR [DIR ...]``): ``search.optimize`` run to the end in each checkout
+   (this one, and a ``git worktree`` of an older main, say), one after the other, each in a fresh results,
+   storage and profile folder: its wall time, the plans it measured (and failed), the share of the measured
+   trials' wall time spent timing, and per trial where the rest went (build, check, warm-up) and how many
+   of its stage's bytes each rank reused from the trial before. ``--search-args`` are the search's flags
+   (default: what ``make optimize`` runs).
 
     python benchmarks/trial_overhead.py [--chunks 4 16] [--cuts blocks.4 blocks.5 ...] [--spawn]
+    python benchmarks/trial_overhead.py --search /tmp/before . [--search-args "--stages 4"]
 """
 
 from __future__ import annotations
@@ -90,6 +97,51 @@ def spawn_overhead(spec: object, cut: str, chunks: int, trials: int, repeats: in
               f"{statistics.median(o / w for w, o in rows):6.2%} of the trial (min {min(over):.3f}, max {max(over):.3f})")
 
 
+def whole_search(checkout: str, search_args: str) -> None:
+    """One whole ``search.optimize`` in ``checkout`` (this interpreter, the checkout's code first on the path),
+    then what its measured trials spent their time on."""
+    import os
+    import shlex
+    import subprocess
+    import tempfile
+    from pathlib import Path
+
+    import optuna
+
+    root = Path(checkout).resolve()
+    with tempfile.TemporaryDirectory() as tmp:
+        storage = f"sqlite:///{tmp}/optuna.db"
+        cmd = [sys.executable, "-m", "search.optimize", *shlex.split(search_args), "--storage", storage,
+               "--results-dir", f"{tmp}/results", "--profile-dir", f"{tmp}/profiles", "--no-progress",
+               "--study-name", "overhead"]
+        t = time.perf_counter()
+        run = subprocess.run(cmd, cwd=root, env={**os.environ, "PYTHONPATH": str(root)}, capture_output=True,
+                             text=True)
+        wall = time.perf_counter() - t
+        if run.returncode != 0:
+            print(f"{root}: search.optimize failed ({run.returncode}): {run.stderr.strip().splitlines()[-1:]}")
+            return
+        study = optuna.load_study(study_name="overhead", storage=storage)
+        trials = [t for t in study.get_trials(deepcopy=False)
+                  if t.user_attrs.get("measured") and isinstance(t.user_attrs.get("breakdown"), dict)]
+        failed = sum(1 for t in trials if t.state == optuna.trial.TrialState.FAIL)
+        b = {k: sum(t.user_attrs["breakdown"].get(k, 0.0) for t in trials)
+             for k in ("build_s", "check_s", "warmup_s", "timed_s", "other_s", "driver_s")}
+        total = sum(b.values())
+        print(f"{root}: {wall / 60:.1f} min, {len(trials) - failed} plans measured, {failed} failed; the measured "
+              f"trials spent {b['timed_s'] / total:.0%} of their {total:.0f} s timing (build {b['build_s']:.0f} s, "
+              f"check {b['check_s']:.0f} s, warm-up {b['warmup_s']:.0f} s, other {b['other_s']:.0f} s, "
+              f"driver {b['driver_s']:.0f} s)")
+        for t in trials:
+            d = t.user_attrs["breakdown"]
+            reused = t.user_attrs.get("reused_bytes")
+            stage = t.user_attrs.get("stage_bytes") or []
+            share = (f", reused {sum(reused) / 2**20:.0f} of {sum(stage) / 2**20:.0f} MiB of its stages"
+                     if reused is not None and stage else "")
+            print(f"  trial {t.number:2d} {t.state.name:8s} build {d['build_s']:6.2f}s check {d['check_s']:6.2f}s "
+                  f"warm-up {d['warmup_s']:5.2f}s timed {d['timed_s']:6.2f}s{share}")
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="deit_small_patch16_224")
@@ -100,7 +152,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeats", type=int, default=2, help="timed repeats per trial (a search trial's base: 2)")
     p.add_argument("--spawn", action="store_true", help="also the pooled vs fresh-spawn driver overhead")
     p.add_argument("--spawn-trials", type=int, default=3)
+    p.add_argument("--search", nargs="+", metavar="DIR", help="run a whole search.optimize in each checkout instead")
+    p.add_argument("--search-args", default="--stages 4", help="the search's flags (default: make optimize's)")
     args = p.parse_args(argv)
+    if args.search:
+        for checkout in args.search:
+            whole_search(checkout, args.search_args)
+        return 0
     import json
 
     spec = resolve_spec(args.model, batch_size=args.batch_size,
