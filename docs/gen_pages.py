@@ -27,7 +27,8 @@ API = {
                                "costmodel.replay", "costmodel.train", "costmodel.validate"),
     "Search (search)": ("search.optimize", "search.sweep", "search.study.config", "search.plans.space",
                         "search.plans.sampler", "search.judging.racing", "search.judging.ties",
-                        "search.judging.confirm", "search.trials.metric", "search.outputs.export"),
+                        "search.judging.confirm", "search.trials.metric", "search.outputs.export",
+                        "search.outputs.summary"),
 }
 """The public Python API, by what a user does with it; each module gets a page of its docstrings."""
 

@@ -122,7 +122,7 @@ def _run(args: argparse.Namespace) -> int:
 def _memory_and_schedule(attrs: dict[str, Any], runtime: tuple[int, ...]) -> dict[str, Any]:
     """A trial's peak MiB per stage, its predicted one (with each rank's ``runtime`` bytes of the runtime's
     own), its predicted and measured step seconds and its schedule label, as a report row carries them."""
-    from search.outputs.export import layout_label
+    from search.outputs.summary import layout_label
 
     predicted = attrs.get("predicted_mem_bytes") or ()
     extra = list(runtime) + [0] * (len(predicted) - len(runtime))

@@ -32,7 +32,7 @@ def test_a_round_kept_before_the_metric_was_named_reads_as_speedups():
 
 
 def test_each_frameworks_default_rule_is_found_and_compared_with_the_best():
-    from search.outputs.export import frameworks_summary
+    from search.outputs.summary import frameworks_summary
 
     c = Confirmation(rounds=2, repeats_per_run=2, plans=(row(3, "tpe", [1.5, 1.7, 1.6]),
                                                          row(1, "torchtitan+megatron", [1.2, 1.3]),

@@ -1,6 +1,6 @@
-"""search.outputs.export's summary table, on rows as the study gives them (no trials run)."""
+"""search.outputs.summary: the summary table, on rows as the study gives them (no trials run)."""
 
-from search.outputs.export import summary_table
+from search.outputs.summary import summary_table
 
 
 def test_summary_table_marks_the_best_and_a_failed_reference():
@@ -14,7 +14,7 @@ def test_summary_table_marks_the_best_and_a_failed_reference():
 
 
 def test_a_search_that_measured_fewer_trials_than_asked_says_why():
-    from search.outputs.export import budget_line
+    from search.outputs.summary import budget_line
 
     counts = {"stored": 124, "measured": 4, "seeds": 4, "raced_out": 0, "repeats": 9, "pruned": 100, "infeasible": 18,
               "duplicates": 2, "skipped": 0, "space": 300}
@@ -26,7 +26,7 @@ def test_a_search_that_measured_fewer_trials_than_asked_says_why():
 
 
 def test_a_failed_trial_is_counted_and_named_apart_from_the_measured_ones():
-    from search.outputs.export import budget_line
+    from search.outputs.summary import budget_line
 
     counts = {"stored": 12, "measured": 11, "failed": 1, "seeds": 3, "raced_out": 4, "repeats": 20, "pruned": 0,
               "infeasible": 0, "duplicates": 0, "skipped": 0, "space": 84}
@@ -38,7 +38,7 @@ def test_a_failed_trial_is_counted_and_named_apart_from_the_measured_ones():
 
 
 def test_the_budget_line_names_the_repeat_budget_and_a_small_space():
-    from search.outputs.export import budget_line
+    from search.outputs.summary import budget_line
 
     counts = {"stored": 10, "measured": 6, "seeds": 3, "raced_out": 2, "repeats": 20, "pruned": 0, "infeasible": 0,
               "duplicates": 0, "skipped": 0, "space": 6}
