@@ -21,6 +21,9 @@ Two figures (DeiT-S, batch 32, 2 stages x 1 thread by default):
 
     python benchmarks/trial_overhead.py [--chunks 4 16] [--cuts blocks.4 blocks.5 ...] [--spawn]
     python benchmarks/trial_overhead.py --search /tmp/before . [--search-args "--stages 4"]
+
+4. **Pool start** (``--pool-start``): a pool of 2 and of 4 workers started and restarted three times in one
+   process, its workers spawned afresh and forked from the preloaded forkserver, the two alternating.
 """
 
 from __future__ import annotations
@@ -142,6 +145,31 @@ def whole_search(checkout: str, search_args: str) -> None:
                   f"warm-up {d['warmup_s']:5.2f}s timed {d['timed_s']:6.2f}s{share}")
 
 
+def pool_start(stages: int, rounds: int = 3) -> str:
+    """Seconds to start a pool, then to restart it, ``rounds`` times in this process."""
+    out = []
+    for _ in range(rounds):
+        with StagePool(stages, threads_per_stage=1, quiet=True) as pool:
+            started = pool.start_s  # restart() starts the pool again and overwrites it
+            t = time.perf_counter()
+            pool.restart()
+            out.append(f"start {started:.2f}s restart {time.perf_counter() - t:.2f}s")
+    return "; ".join(out)
+
+
+def pool_starts() -> None:
+    """Each start method in its own process (a forkserver lives as long as the process that started it)."""
+    import os
+    import subprocess
+
+    code = "import sys; from benchmarks.trial_overhead import pool_start; print(pool_start(int(sys.argv[1])))"
+    for method in ("spawn", "forkserver", "spawn", "forkserver"):
+        for stages in (2, 4):
+            run = subprocess.run([sys.executable, "-c", code, str(stages)], capture_output=True, text=True,
+                                 env={**os.environ, "PIPESPLIT_START": method})
+            print(f"{method:10s} {stages} workers: {run.stdout.strip() or run.stderr.strip()[-200:]}", flush=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="deit_small_patch16_224")
@@ -154,7 +182,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--spawn-trials", type=int, default=3)
     p.add_argument("--search", nargs="+", metavar="DIR", help="run a whole search.optimize in each checkout instead")
     p.add_argument("--search-args", default="--stages 4", help="the search's flags (default: make optimize's)")
+    p.add_argument("--pool-start", action="store_true", help="only the pool start and restart times, spawn vs forkserver")
     args = p.parse_args(argv)
+    if args.pool_start:
+        pool_starts()
+        return 0
     if args.search:
         for checkout in args.search:
             whole_search(checkout, args.search_args)

@@ -77,3 +77,17 @@ def test_a_rank_reuses_what_its_last_stage_left_and_a_reused_stage_equals_a_fres
     assert fresh.max_abs_diff == moved.max_abs_diff and fresh.check.streamed_diff == moved.check.streamed_diff
     again = pool2.run(b, **run)
     assert again.reused_bytes == again.stage_bytes and again.max_abs_diff == fresh.max_abs_diff
+
+
+def test_a_training_reference_is_made_once_and_every_later_plan_is_still_checked_against_it(pool2, tiny_spec):
+    import dataclasses
+
+    spec = dataclasses.replace(tiny_spec, seed=11)  # a model no other test's trial made a reference for
+    run = dict(repeats=1, warmup=0, serial_all=False)
+    plans = [SplitPlan(model=spec, split_points=(SplitPoint(cut),), chunks=chunks, mode="train", schedule=schedule)
+             for cut, chunks, schedule in (("blocks.1", 2, "GPipe"), ("blocks.3", 4, "1F1B"), ("blocks.2", 2, "GPipe"))]
+    results = [pool2.run(p, **run) for p in plans]
+    assert all(r.ok for r in results), [r.reason for r in results]
+    checks = [r.check for r in results]
+    assert [c.reference_made for c in checks] == [True, False, False]  # the step does not depend on the split
+    assert all(c.compared == "loss and gradients" and c.gradients > 0 and c.diff <= c.tolerance for c in checks)

@@ -42,6 +42,9 @@ class OutputCheck:
     whole_diff: float | None = None
     """Output: max |pipeline - the whole model's own output|, where rank 0 held the whole model (it timed the
     serial model); None where no rank did (a model bigger than the budget)."""
+    reference_made: bool | None = None
+    """Training: whether this trial made the serial step's reference (False: it compared with the loss and
+    gradients an earlier trial of the study made, which do not depend on the split); None for an output."""
 
     def describe(self) -> str:
         """One line: what was compared, and the worst of it against its tolerance."""

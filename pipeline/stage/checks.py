@@ -26,7 +26,12 @@ from pipeline.stage.reference import streamed_output, streamed_step
 from pipeline.stage.segments import trace_all_cuts
 from pipeline.stage.training import check_grads, make_target
 
-__all__ = ["check_output", "check_step", "first_out", "loss_target", "mismatch", "reference_first"]
+__all__ = ["ALL_GRADS_BYTES", "check_output", "check_step", "first_out", "loss_target", "mismatch", "reference_first"]
+
+ALL_GRADS_BYTES = 256 * 2**20
+"""A training reference keeps every parameter's gradient where they take at most this many bytes, so that a
+study makes it once and every later plan's ranks compare with it; a bigger model's rank keeps only its own
+stage's, made again when its stage changes."""
 
 
 def unsplit_output(state: RankState, plan: SplitPlan, stage: BuiltStage, meta: MetaModel, x: Batch
@@ -139,8 +144,11 @@ def check_step(state: RankState, plan: SplitPlan, stage: BuiltStage, losses: Any
     every rank's gradients against the serial step from the same weights (streamed, this rank's gradients
     kept), the same on every rank."""
     names = frozenset(n for n, _ in stage.params)
-    ref = state.reference(plan.model, names, lambda: streamed_step(stage.split_gm, meta, x, target, plan.chunks,
-                                                                   state.device, names, name_in(meta)))
+    every_name = frozenset(n for n, _ in meta.module.named_parameters())
+    # every gradient is kept where they are small (the study then makes its reference once); else this stage's
+    want = every_name if meta.nbytes(every_name) <= ALL_GRADS_BYTES else names
+    ref, made = state.reference(plan.model, names, lambda: streamed_step(stage.split_gm, meta, x, target, plan.chunks,
+                                                                         state.device, want, name_in(meta)))
     rtol = 1e-3 if plan.model.dtype == "float32" else 5e-2
     worst = check_grads(stage.params, ref, rtol)
     grad = (worst.diff, worst.tol, f"gradient of {worst.name} differs from the unsplit model's", worst.name)
@@ -150,11 +158,12 @@ def check_step(state: RankState, plan: SplitPlan, stage: BuiltStage, losses: Any
         ltol = rtol * max(1.0, abs(ref.loss))
         loss = (abs(got - ref.loss), ltol, f"loss {got:.6g} differs from the unsplit model's {ref.loss:.6g}", "loss")
     every: list[Any] = [None] * state.world
-    dist.all_gather_object(every, (grad, loss, len(stage.params)))
-    worst_grad = max((g for g, _, n in every if n), key=_ratio, default=grad)  # ranks whose stage has parameters
-    last = next((lo for _, lo, _ in every if lo is not None), None)
+    dist.all_gather_object(every, (grad, loss, len(stage.params), made))
+    worst_grad = max((g for g, _, n, _ in every if n), key=_ratio, default=grad)  # ranks whose stage has parameters
+    last = next((lo for _, lo, _, _ in every if lo is not None), None)
     diff, tol, what, _ = max([worst_grad] + ([last] if last else []), key=_ratio)
-    check = OutputCheck(compared="loss and gradients", gradients=sum(n for _, _, n in every), worst=worst_grad[3],
+    check = OutputCheck(compared="loss and gradients", gradients=sum(n for _, _, n, _ in every), worst=worst_grad[3],
                         diff=float(worst_grad[0]), tolerance=float(worst_grad[1]),
-                        loss_diff=float(last[0]) if last else None, loss_tolerance=float(last[1]) if last else None)
+                        loss_diff=float(last[0]) if last else None, loss_tolerance=float(last[1]) if last else None,
+                        reference_made=any(m for _, _, _, m in every))
     return float(diff), float(tol), str(what), check

@@ -112,13 +112,16 @@ class RankState:
             self.refs[key] = make()
         return self.refs[key]
 
-    def reference(self, spec: ModelSpec, names: frozenset[str], make: Callable[[], Reference]) -> Reference:
-        """The serial training step's loss and the gradients of ``names``, made once per model and set of names."""
-        key = (spec.key, names)
-        if key not in self.grad_refs:
-            self.grad_refs.clear()  # one set kept: a rank's stage changes from plan to plan
-            self.grad_refs[key] = make()
-        return self.grad_refs[key]
+    def reference(self, spec: ModelSpec, names: frozenset[str], make: Callable[[], Reference]) -> tuple[Reference, bool]:
+        """The serial training step's loss and the gradients of (at least) ``names``, and whether it was made now:
+        a kept reference of the same model that holds them serves (the step does not depend on the split)."""
+        for (key, have), ref in self.grad_refs.items():
+            if key == spec.key and names <= have:
+                return ref, False
+        self.grad_refs.clear()  # one reference kept at a time
+        ref = make()
+        self.grad_refs[(spec.key, frozenset(ref.grads))] = ref
+        return ref, True
 
     def serial(self, work: Callable[[], object], threads: int | None) -> float:
         """Time ``work`` (the unsplit model's forward, or its training step) on rank 0 while every other rank
