@@ -72,11 +72,14 @@ def run_trial(state: RankState, plan: SplitPlan, opts: TrialOptions) -> TrialRep
             target = loss_target(plan, meta, x)
         elif rank == plan.last_rank and plan.backend == "torch" and plan.model.key not in state.refs:
             reference_first(state, plan, meta, x)
-        if train:
-            state.weights.clear()  # a training step changes its parameters in place: nothing of them is kept
+        reuse = not train and plan.backend == "torch"
+        if not reuse and kept is None:
+            # a training step changes its parameters in place (nothing of them is kept), and torchpippy builds
+            # the whole model its own way: what the last stage left goes before this one is built
+            state.weights.clear()
         stage = kept[1] if kept is not None else build_stage(plan, meta, x, rank, state.device,
                                                              traces=state.traces if opts.cached_trace else None,
-                                                             target=target, kept=None if train else state.weights)
+                                                             target=target, kept=state.weights if reuse else None)
     except Exception as e:  # noqa: BLE001 - reported as the trial's reason
         cuts = ", ".join(plan.split_spec())
         error = (f"rank {rank} could not build its stage for cuts [{cuts}]: {one_line(e)}"
