@@ -23,14 +23,14 @@ from pipeline.ranks.pooling import RunsTrials, link_samples, result_from_replies
 from pipeline.ranks.protocol import MeasureLink, ProfileSegments, RunTrial, Stop
 from pipeline.ranks.worker import worker_main
 from pipeline.stage.messages import ErrorReply, Lost, Ready, Reply, SegmentReply, TrialOptions
-from pipeline.stage.rank import WorkerConfig
+from pipeline.stage.rank import TRACING_STACK, WorkerConfig
 
 __all__ = ["StagePool"]
 
 FATAL_GRACE_S = 10.0
 
 
-PRELOAD = ("pipeline.ranks.worker", "timm", "pippy", "torch._dynamo", "torch.distributed.pipelining", "torch.export")
+PRELOAD = ("pipeline.ranks.worker", "timm", *TRACING_STACK)
 """What a stage worker imports before it can answer (torch, the stage code, timm), imported once into the
 ``forkserver`` that every worker of this process is forked from, not again by each worker."""
 

@@ -28,7 +28,7 @@ from pipeline.models.weights import whole_model
 from pipeline.stage.instrument import CommClock, Peak, hook_torch_p2p
 from pipeline.stage.training import Reference
 
-__all__ = ["RankState", "WorkerConfig", "gpu_index", "join_group", "one_line"]
+__all__ = ["TRACING_STACK", "RankState", "WorkerConfig", "gpu_index", "join_group", "one_line"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -142,12 +142,16 @@ class RankState:
         return elapsed
 
 
+TRACING_STACK = ("pippy", "torch._dynamo", "torch.distributed.pipelining", "torch.export")
+"""What a rank imports before its first trial (``_preload``), and a forkserver before any rank (``PRELOAD``)."""
+
+
 def _preload() -> None:
     """Import the tracing stack once per worker, so the first trial's build time is its own."""
-    import pippy  # noqa: F401
-    import torch._dynamo  # noqa: F401
-    import torch.distributed.pipelining  # noqa: F401
-    import torch.export  # noqa: F401
+    import importlib
+
+    for name in TRACING_STACK:
+        importlib.import_module(name)
 
 
 def _thread_lock_for_tqdm() -> None:
