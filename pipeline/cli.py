@@ -85,6 +85,16 @@ def add_runtime_args(p: argparse.ArgumentParser, *, search: bool = False) -> Non
                         "loss and gradients are checked against the serial step)")
     g.add_argument("--optimizer", default=None, choices=OPTIMIZERS,
                    help="optimizer of a training step on every stage and the serial model (default adamw)")
+    if search:
+        g.add_argument("--recompute", default=None, metavar="search|none|full",
+                       help="training: activation recomputation; 'search' (default) gives each plan the least "
+                            "per-stage recomputation that fits --device-memory (none without a limit), 'none' or "
+                            "'full' pin it for every plan")
+    else:
+        g.add_argument("--recompute", default=None, metavar="none|full|N,...",
+                       help="training: activation recomputation of the model's stacked blocks; 'none' (default), "
+                            "'full' (every block), or per stage in stage order how many of its first blocks to "
+                            "recompute, e.g. 2,1,0,0 (they keep their input, and run their forward again in backward)")
 
 
 MODEL_FLAGS = ("model", "model_factory", "model_kwargs", "image_size", "seq_len", "batch_size", "dtype", "checkpoint",

@@ -200,12 +200,13 @@ def plan_from_args(args: argparse.Namespace) -> SplitPlan:
         if device != plan.device:
             plan = dataclasses.replace(plan, device=device)
         # the saved cuts measured another way: as training, or on another schedule
-        changes = {k: getattr(args, k) for k in ("mode", "optimizer", "schedule", "stages_per_rank")
+        changes = {k: getattr(args, k) for k in ("mode", "optimizer", "schedule", "stages_per_rank", "recompute")
                    if getattr(args, k) is not None}
         if changes:
             plan = dataclasses.replace(plan, **changes)
         cands = find_candidates(build_meta_model(plan.model), plan.model, args.granularity)
         cands.validate(plan)
+        cands.recompute_counts(plan)
         return plan
     if (args.policy is None) == (args.split_points is None):
         raise PipesplitError("say where to cut: give --stages N --policy NAME, or --split-points FQN,..., or --split FILE")
@@ -239,8 +240,10 @@ def plan_from_args(args: argparse.Namespace) -> SplitPlan:
         device=resolve_device(args.device or "cpu", ranks),
         threads_per_stage=args.threads_per_stage or default_threads(ranks),
         stages_per_rank=per_rank, mode=args.mode or "infer", optimizer=args.optimizer or "adamw",
+        recompute=args.recompute or "none",
     )
     cands.validate(plan)
+    cands.recompute_counts(plan)
     return plan
 
 
@@ -313,6 +316,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 check_writable(path)  # before the trial, not after it
         budget = None if args.device_memory is None else parse_size(args.device_memory)
         plan = plan_from_args(args)
+        if args.recompute not in (None, "none") and plan.mode != "train":
+            print(f"--recompute {args.recompute} is ignored: inference runs no backward to recompute for", flush=True)
         print(f"plan: {plan.describe()}, {plan.threads_per_stage} thread(s)/rank on {plan.device}", flush=True)
         prediction = check_memory(plan, budget, args.granularity)
         print(describe_memory(prediction), flush=True)

@@ -129,7 +129,7 @@ def test_virtual_stages_round_trip_and_name_their_placement():
              stages_per_rank=2)
     assert (p.ranks, p.rank_stages(0), p.rank_stages(1), p.last_rank) == (2, (0, 2), (1, 3), 1)
     d = p.to_dict()
-    assert (d["version"], d["stages"], d["stages_per_rank"], d["total_stages"]) == (2, 2, 2, 4)
+    assert (d["version"], d["stages"], d["stages_per_rank"], d["total_stages"]) == (3, 2, 2, 4)
     assert SplitPlan.from_dict(json.loads(json.dumps(d))) == p and "4 stages on 2 ranks, 2 per rank" in p.describe()
     v = dataclasses.replace(p, schedule="ZBVZeroBubble", mode="train")
     assert (v.rank_stages(0), v.rank_stages(1), v.last_rank) == ((0, 3), (1, 2), 0)

@@ -10,14 +10,16 @@ from typing import Any
 
 from pipeline.core.errors import PipesplitError
 from pipeline.core.fields import read
+from pipeline.core.recompute import Recompute, check_stages, describe, parse_recompute, to_json
 from pipeline.core.spec import ModelSpec
 
-PLAN_VERSION = 2
-"""2: ``stages`` counts the pipeline's ranks, as ``--stages`` does in every command (torchtitan's
+PLAN_VERSION = 3
+"""3: a training plan carries ``recompute`` (``none``, ``full`` or a count per stage; older files load as ``none``).
+2: ``stages`` counts the pipeline's ranks, as ``--stages`` does in every command (torchtitan's
 ``pipeline_parallel_degree``, Megatron's ``--pipeline-model-parallel-size``), beside ``stages_per_rank`` (V)
 and ``total_stages`` (ranks x V, the pieces the model is cut into). 1: ``stages`` counted the pieces, and
 ``stages_per_rank`` was written only when not 1; version-1 files still load and run as they did."""
-READ_VERSIONS = (1, 2)
+READ_VERSIONS = (1, 2, 3)
 KINDS = ("BEGINNING", "END")
 BACKENDS = ("torch", "pippy")
 SINGLE_SCHEDULES = ("GPipe", "1F1B")
@@ -136,7 +138,7 @@ def _check_counts(d: dict[str, Any], version: Any, plan: SplitPlan) -> None:
     if "stages" not in d:
         return
     stated = read(d, "stages", int)
-    ok = {1: (plan.stages,), 2: (plan.ranks,)}.get(version, (plan.ranks, plan.stages))
+    ok = {1: (plan.stages,), 2: (plan.ranks,), 3: (plan.ranks,)}.get(version, (plan.ranks, plan.stages))
     if stated not in ok:
         raise PipesplitError(
             f"the plan says {stated} stages but its {len(plan.split_points)} split points make {plan.layout()}: "
@@ -169,9 +171,15 @@ class SplitPlan:
     """``infer`` (forward only) or ``train`` (forward, loss, backward and an optimizer step on every stage)."""
     optimizer: str = "adamw"
     """The optimizer a training step runs on every stage (and the serial model): ``adamw`` or ``sgd``."""
+    recompute: Recompute = "none"
+    """Training: activation recomputation, ``none``, ``full`` or how many of its first blocks each stage
+    recomputes, in stage order (``pipeline.core.recompute``); forward-only plans have none."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "split_points", tuple(self.split_points))
+        rc = parse_recompute(self.recompute)
+        object.__setattr__(self, "recompute", rc if self.mode == "train" else "none")
+        check_stages(rc, self.stages)
         if self.chunks < 1:
             raise PipesplitError(f"chunks must be a positive integer (got {self.chunks})")
         if self.model.batch_size % self.chunks:
@@ -230,7 +238,8 @@ class SplitPlan:
 
     def describe(self) -> str:
         cuts = ", ".join(p.fqn if p.kind == "BEGINNING" else f"{p.fqn}:END" for p in self.split_points) or "(none)"
-        train = f", training ({self.optimizer})" if self.mode == "train" else ""
+        rc = f", recompute {describe(self.recompute)}" if self.recompute != "none" else ""
+        train = f", training ({self.optimizer}{rc})" if self.mode == "train" else ""
         return (f"{self.layout()} cut at [{cuts}], chunks {self.chunks}, {self.backend}/{self.schedule}{train}")
 
     def layout(self) -> str:
@@ -252,7 +261,7 @@ class SplitPlan:
             "device": self.device,
             "threads_per_stage": self.threads_per_stage,
             "mode": self.mode,
-            **({"optimizer": self.optimizer} if self.mode == "train" else {}),
+            **({"optimizer": self.optimizer, "recompute": to_json(self.recompute)} if self.mode == "train" else {}),
         }
 
     @classmethod
@@ -291,6 +300,7 @@ class SplitPlan:
             stages_per_rank=read(d, "stages_per_rank", int, 1),
             mode=read(d, "mode", str, "infer"),
             optimizer=read(d, "optimizer", str, "adamw"),
+            recompute=d.get("recompute", "none"),
         )
         _check_counts(d, version, plan)
         return plan

@@ -13,7 +13,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-__all__ = ["NoStack", "Stack", "find_stack", "nearest_allowed"]
+__all__ = ["NoStack", "Stack", "find_stack", "nearest_allowed", "outer_index"]
 
 _INDEX = re.compile(r"(?:^|\.)(\d+)(?=\.|$)")
 
@@ -22,10 +22,13 @@ class NoStack(ValueError):
     """The model has no single stack of layers, so the frameworks' rules do not describe it."""
 
 
-def _indexed(name: str) -> tuple[str, int] | None:
+def outer_index(name: str) -> tuple[str, int] | None:
     """``model.layers.3.mlp`` -> (``model.layers``, 3): the outermost numbered container a segment is in."""
     m = _INDEX.search(name)
     return (name[: m.start(1)].rstrip("."), int(m.group(1))) if m else None
+
+
+_indexed = outer_index
 
 
 @dataclass(frozen=True, kw_only=True)

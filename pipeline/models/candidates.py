@@ -15,7 +15,8 @@ from pipeline.core.errors import PipesplitError
 from pipeline.core.plan import SplitPlan, SplitPoint
 from pipeline.core.policies import PolicyInputs
 from pipeline.core.spec import ModelSpec
-from pipeline.core.stack import NoStack
+from pipeline.core.recompute import counts_for
+from pipeline.core.stack import NoStack, find_stack
 from pipeline.models.batch import example_input, rows
 from pipeline.models.meta import MetaModel
 from pipeline.models.traces import call_events
@@ -104,6 +105,25 @@ class Candidates:
         an END cut after its module's end), the first at 0."""
         idx = self._index()
         return [0, *(idx["B:" + p.fqn] if p.kind == "BEGINNING" else idx["E:" + p.fqn] + 1 for p in plan.split_points)]
+
+    def stage_blocks(self, plan: SplitPlan) -> list[list[str]]:
+        """Per stage, the blocks of the model's one stack (``model.layers.3``) that begin in it: what
+        ``--recompute`` counts; one line where the model has no single stack."""
+        try:
+            stack = find_stack(self.blocks)
+        except NoStack as e:
+            raise PipesplitError(f"--recompute counts the blocks of one stack of layers, and {plan.model.label} has "
+                                 f"none: {e}; use --recompute none") from None
+        idx = self._index()
+        starts = [*self.stage_positions(plan), len(self.events)]
+        layers = [f"{stack.prefix}.{i}" for i in range(stack.layers)]
+        return [[n for n in layers if lo <= idx.get("B:" + n, -1) < hi] for lo, hi in zip(starts, starts[1:])]
+
+    def recompute_counts(self, plan: SplitPlan) -> tuple[int, ...]:
+        """The plan's recomputed blocks per stage (one line where it asks for more than a stage holds)."""
+        if plan.recompute == "none":
+            return tuple(0 for _ in range(plan.stages))
+        return counts_for(plan.recompute, [len(b) for b in self.stage_blocks(plan)])
 
     def stage_elements(self, plan: SplitPlan) -> list[int]:
         """Parameter+buffer elements of each of the plan's stages (validated cuts)."""

@@ -21,6 +21,7 @@ from pipeline.models.kept import KeptTensors
 from pipeline.models.meta import MetaModel
 from pipeline.models.traces import TraceCache
 from pipeline.models.weights import empty_copy, materialise_module, module_tensors, whole_model
+from pipeline.stage.recompute import apply_recompute
 from pipeline.stage.reference import GC_BYTES, trim_heap
 from pipeline.stage.skips import free_of_grad, grad_needs
 from pipeline.stage.training import aliases, loss_fn, make_optimizer, tied_grads
@@ -217,6 +218,9 @@ def _build_torch(plan: SplitPlan, meta: MetaModel, x: Batch, rank: int, device: 
                 free_of_grad(built[-1], *needs[target_name])
         finally:
             setattr(pipe.split_gm, target_name, on_meta)  # the split stays on meta for the reference
+    if train:
+        apply_recompute(plan.recompute, [pipe.get_stage_module(i) for i in range(pipe.num_stages)],
+                        {i: st.submod for i, st in zip(held, built)})
     split_gm = pipe.split_gm
     del pipe
     for st in built:
