@@ -20,11 +20,13 @@ The step's peak is the most any point of that walk holds.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from costmodel.replay import parse_action
 from costmodel.types import Profile, Segment
+from pipeline.core.stack import outer_index
 
 __all__ = ["StepMemory", "activation_bytes", "rank_runtime_bytes", "step_memory"]
 
@@ -51,13 +53,35 @@ class StepMemory:
     """Per stage: the bytes one microbatch in flight holds."""
 
 
+def _recomputed(segs: Sequence[Segment], a: int, b: int, redo: Sequence[int], last: bool) -> tuple[int, int]:
+    """Per sample, what stage ``[a, b)`` holds per microbatch in flight with the segments ``redo`` (whole
+    layers) recomputed: the rest as ``activation_bytes`` counts it, each recomputed layer's input instead of
+    what it saves; and the most one of them holds again while it recomputes."""
+    full = activation_bytes(segs[a:b], last=last)
+    if not redo:
+        return full, 0
+    layers = [list(ks) for _, ks in itertools.groupby(redo, key=lambda k: _layer_of(segs[k].fqn))]
+    saved = [activation_bytes(segs[ks[0]:ks[-1] + 1], last=False) for ks in layers]
+    kept = [segs[ks[0] - 1].out_bytes if ks[0] else segs[ks[0]].saved_input_bytes for ks in layers]
+    return max(0, full - sum(saved) + sum(kept)), max(saved, default=0)
+
+
+def _layer_of(fqn: str) -> str:
+    """``model.layers.3.mlp`` -> ``model.layers.3.``: the layer a segment belongs to."""
+    got = outer_index(fqn)
+    return f"{got[0]}.{got[1]}." if got else fqn
+
+
 def step_memory(profile: Profile, bounds: Sequence[tuple[int, int]], chunks: int,
-                actions: Sequence[Sequence[str]]) -> StepMemory:
-    """Walk each rank's ``actions`` over stages ``bounds`` (segment ranges) at ``chunks`` microbatches."""
+                actions: Sequence[Sequence[str]], recompute: Sequence[Sequence[int]] | None = None) -> StepMemory:
+    """Walk each rank's ``actions`` over stages ``bounds`` (segment ranges) at ``chunks`` microbatches;
+    ``recompute``: per stage, the segments it recomputes (``costmodel.train.recomputed_segments``)."""
     segs = profile.segments
     m = profile.batch_size // chunks
     last = len(bounds) - 1
-    act = [activation_bytes(segs[a:b], last=k == last) * m for k, (a, b) in enumerate(bounds)]
+    both = [_recomputed(segs, a, b, recompute[k] if recompute else (), k == last) for k, (a, b) in enumerate(bounds)]
+    act = [held * m for held, _ in both]
+    again = [peak * m for _, peak in both]
     params = [sum(s.param_bytes for s in segs[a:b]) for a, b in bounds]
     largest = [max((s.largest_param_bytes for s in segs[a:b]), default=0) for a, b in bounds]
     grad_in = [segs[a - 1].out_bytes * m if a else 0 for a, _ in bounds]  # the input's gradient, to send
@@ -76,13 +100,13 @@ def step_memory(profile: Profile, bounds: Sequence[tuple[int, int]], chunks: int
                 continue
             if a.kind in "BW":  # weight gradients: made the first time, added to after
                 extra = largest[s] if s in has_grads else params[s]
-                peak = max(peak, held + grads + extra + grad_in[s] * (a.kind == "B"))
+                peak = max(peak, held + grads + extra + grad_in[s] * (a.kind == "B") + again[s])
                 if s not in has_grads:
                     has_grads.add(s)
                     grads += params[s]
                 held -= act[s]
-            else:  # I: the input gradient alone
-                peak = max(peak, held + grads + grad_in[s])
+            else:  # I: the input gradient alone (and a recomputed layer's forward again)
+                peak = max(peak, held + grads + grad_in[s] + again[s])
         if has_grads:
             temp = sum(params[s] for s in mine) if cuda else 2 * max(largest[s] for s in mine)
             peak = max(peak, grads + temp)

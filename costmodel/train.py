@@ -24,8 +24,9 @@ from dataclasses import dataclass
 from costmodel.footprint import step_memory
 from costmodel.replay import StageTimes, parse_action, replay
 from costmodel.types import Machine, Profile, Segment, interpolate
+from pipeline.core.stack import NoStack, find_stack
 
-__all__ = ["OPTIMIZER_STATES", "TrainPrediction", "in_flight", "predict_train", "train_stage_times"]
+__all__ = ["OPTIMIZER_STATES", "TrainPrediction", "in_flight", "predict_train", "recomputed_segments", "train_stage_times"]
 
 OPTIMIZER_STATES = {"adamw": 2, "sgd": 1}
 """Copies of the parameters an optimizer keeps (AdamW: two moments; SGD with momentum: one buffer)."""
@@ -38,10 +39,29 @@ def _bounds(cuts: Sequence[int], n: int) -> list[tuple[int, int]]:
     return list(zip(b, b[1:]))
 
 
-def train_stage_times(profile: Profile, cuts: Sequence[int], chunks: int, *,
-                      train: bool = True) -> tuple[list[StageTimes], list[float]]:
+def recomputed_segments(profile: Profile, cuts: Sequence[int], counts: Sequence[int] | None) -> list[list[int]]:
+    """Per stage, the segments of the first ``counts[s]`` layers of the model's stack that begin in it (what
+    ``--recompute`` runs again in the backward); nothing where ``counts`` is None or the model has no stack."""
+    bounds = _bounds(cuts, len(profile.segments))
+    if not counts or not any(counts):
+        return [[] for _ in bounds]
+    try:
+        stack = find_stack([s.fqn for s in profile.segments])
+    except NoStack:
+        return [[] for _ in bounds]
+    ends = [*stack.starts[1:], stack.end]
+    out = []
+    for (a, b), n in zip(bounds, counts):
+        layers = [i for i, st in enumerate(stack.starts) if a <= st < b][:n]
+        out.append([k for i in layers for k in range(stack.starts[i], min(ends[i], b))])
+    return out
+
+
+def train_stage_times(profile: Profile, cuts: Sequence[int], chunks: int, *, train: bool = True,
+                      recompute: Sequence[int] | None = None) -> tuple[list[StageTimes], list[float]]:
     """(each stage's times per microbatch, each stage's optimizer step) for cuts before segments ``cuts``;
-    forward-only (``train`` False) needs no backward times."""
+    forward-only (``train`` False) needs no backward times. A stage that recomputes its first ``recompute[s]``
+    layers runs their forward again in its backward (in the input-gradient half where the schedule splits it)."""
     if chunks < 1 or profile.batch_size % chunks:
         raise ValueError(f"chunks {chunks} must divide batch size {profile.batch_size}")
     segs = profile.segments
@@ -49,12 +69,14 @@ def train_stage_times(profile: Profile, cuts: Sequence[int], chunks: int, *,
         raise ValueError("the profile has no backward times: profile for training (costmodel.profile --train)")
     m = profile.batch_size // chunks
     out, opt = [], []
-    for a, b in _bounds(cuts, len(segs)):
+    again = recomputed_segments(profile, cuts, recompute if train else None)
+    for (a, b), redo in zip(_bounds(cuts, len(segs)), again):
         part: Sequence[Segment] = segs[a:b]
         link = profile.link.time(part[-1].out_bytes * m) if b < len(segs) else 0.0
-        backward = sum(interpolate(s.backward_s, m) for s in part)
+        extra = sum(segs[k].latency(m) for k in redo)
+        backward = sum(interpolate(s.backward_s, m) for s in part) + extra
         # torch's first stage has no input gradient to split off: its W is the whole backward
-        input_grad = sum(interpolate(s.input_grad_s, m) for s in part) if a else 0.0
+        input_grad = sum(interpolate(s.input_grad_s, m) for s in part) + extra if a else 0.0
         weight_grad = sum(interpolate(s.weight_grad_s, m) for s in part) if a else backward
         out.append(StageTimes(forward=sum(s.latency(m) for s in part), backward=backward, input_grad=input_grad,
                               weight_grad=weight_grad, link_forward=link, link_backward=link))
@@ -100,12 +122,13 @@ class TrainPrediction:
 
 
 def predict_train(profile: Profile, cuts: Sequence[int], chunks: int, actions: Sequence[Sequence[str]], *,
-                  optimizer: str = "adamw", train: bool = True, machine: Machine | None = None) -> TrainPrediction:
+                  optimizer: str = "adamw", train: bool = True, machine: Machine | None = None,
+                  recompute: Sequence[int] | None = None) -> TrainPrediction:
     """Predict one training step of the plan that cuts before ``cuts`` with ``chunks`` microbatches, on
     the schedule whose per-rank action order is ``actions`` (forward-only where not ``train``: the
     forwards of that order, no optimizer step, parameters alone in memory); ``machine`` replaces the
-    profile's (a calibrated one)."""
-    times, opt = train_stage_times(profile, cuts, chunks, train=train)
+    profile's (a calibrated one); ``recompute``: layers each stage recomputes (``recomputed_segments``)."""
+    times, opt = train_stage_times(profile, cuts, chunks, train=train, recompute=recompute)
     if not train:
         opt = [0.0] * len(opt)
         actions = [[a for a in order if parse_action(a).kind == "F"] for order in actions]
@@ -128,7 +151,8 @@ def predict_train(profile: Profile, cuts: Sequence[int], chunks: int, actions: S
                  for s in segs)
     flight = in_flight(actions) if train else {}
     bounds = _bounds(cuts, len(segs))
-    mem = step_memory(profile, bounds, chunks, actions) if train else None
+    redo = recomputed_segments(profile, cuts, recompute) if train else None
+    mem = step_memory(profile, bounds, chunks, actions, recompute=redo) if train else None
     copies = 1 + OPTIMIZER_STATES.get(optimizer, 2) if train else 1  # parameters + the optimizer's: between steps
     params = [sum(s.param_bytes for s in segs[lo:hi]) for lo, hi in bounds]
     # per stage: what stays, its gradients, and its activations at the most microbatches in flight

@@ -89,7 +89,7 @@ def check_memory(plan: SplitPlan, budget: int | None, granularity: str = "block"
     cands = find_candidates(meta, plan.model, granularity)
     prediction = predict_plan(plan, meta, cands, budget)
     try:
-        prediction.check(plan)
+        prediction.check(plan, recompute_fix(plan, meta, cands, prediction))
     except PipesplitError as e:
         raise PipesplitError(f"{e}{fitting_ranks(plan, meta, cands, prediction)}") from None
     if meta.built_whole and not prediction.serial_fits:
@@ -106,6 +106,20 @@ def check_memory(plan: SplitPlan, budget: int | None, granularity: str = "block"
         if with_serial.worst.total <= with_serial.budget:
             return with_serial
     return prediction
+
+
+def recompute_fix(plan: SplitPlan, meta: Any, cands: Any, over: MemoryPrediction) -> list[str]:
+    """The least ``--recompute`` with which a training plan over its budget would fit, as a fix to name."""
+    from pipeline.core.recompute import describe, normal
+    from pipeline.models.footprint import least_recompute
+
+    if plan.mode != "train" or over.worst.total <= over.budget:
+        return []
+    counts = least_recompute(plan, meta, cands, over.budget, over.ranks[0].runtime)
+    if counts is None:
+        return []
+    rc = normal(counts, [len(b) for b in cands.stage_blocks(plan)])
+    return [f"--recompute {describe(rc)} (the fewest blocks recomputed per stage that fit)"]
 
 
 def fitting_ranks(plan: SplitPlan, meta: Any, cands: Any, over: MemoryPrediction) -> str:

@@ -16,7 +16,7 @@ from dataclasses import dataclass, replace
 from pipeline.core.errors import PipesplitError
 from pipeline.core.plan import SplitPlan
 
-__all__ = ["UNITS", "MemoryPrediction", "RankMemory", "format_size", "in_flight", "leanest_cuts", "parse_size",
+__all__ = ["UNITS", "BlockBytes", "MemoryPrediction", "RankMemory", "format_size", "in_flight", "leanest_cuts", "parse_size",
            "predict_memory"]
 
 UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "m": 1000**2, "mb": 1000**2, "g": 1000**3, "gb": 1000**3,
@@ -36,6 +36,24 @@ def parse_size(text: str, flag: str = "--device-memory") -> int:
 
 def format_size(n: float) -> str:
     return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.0f} MiB"
+
+
+@dataclass(frozen=True, kw_only=True)
+class BlockBytes:
+    """One block of the model's stack, per sample: what it saves for backward, and what it keeps recomputed."""
+
+    saved: int
+    """Its leaves' outputs (what autograd keeps of it per microbatch in flight)."""
+    kept: int
+    """Its input (all a recomputed block keeps per microbatch in flight)."""
+
+
+def recomputed(out_sum: int, blocks: Sequence[BlockBytes], count: int) -> tuple[int, int]:
+    """A stage's per-sample bytes per microbatch in flight when its first ``count`` blocks are recomputed, and
+    what it holds once more while it recomputes one (the largest of them, for one microbatch)."""
+    done = blocks[:count]
+    return (max(0, out_sum - sum(b.saved for b in done) + sum(b.kept for b in done)),
+            max((b.saved for b in done), default=0))
 
 
 def in_flight(plan: SplitPlan, rank: int) -> int:
@@ -93,17 +111,22 @@ class MemoryPrediction:
     def serial_fits(self) -> bool:
         return self.whole <= self.budget
 
-    def check(self, plan: SplitPlan) -> None:
-        """One line naming the rank over the budget, its predicted bytes and what to change."""
+    def check(self, plan: SplitPlan, first: Sequence[str] = ()) -> None:
+        """One line naming the rank over the budget, its predicted bytes and what to change (``first``: fixes
+        found by the caller, such as the least ``--recompute`` that fits)."""
         w = self.worst
         if w.total <= self.budget:
             return
-        fixes = ["more stages (--stages)"]
+        fixes = [*first, "more stages (--stages)"]
         if plan.model.dtype == "float32":
             fixes.append("--dtype bfloat16")
         if w.activations > w.weights / 4 and plan.chunks > 1:
-            fixes.append("fewer microbatches in flight (--schedule 1F1B" + (", or more --chunks)" if plan.mode == "train"
-                                                                           else ", or a smaller --batch-size)"))
+            if plan.mode != "train":
+                fixes.append("fewer microbatches in flight (--schedule 1F1B, or a smaller --batch-size)")
+            elif plan.schedule == "1F1B":
+                fixes.append("smaller microbatches (more --chunks)")
+            else:
+                fixes.append("fewer microbatches in flight (--schedule 1F1B, or more --chunks)")
         raise PipesplitError(f"{w.describe()}, over --device-memory {format_size(self.budget)}: nothing was built; "
                              f"use {', '.join(fixes)}")
 
@@ -115,14 +138,15 @@ class MemoryPrediction:
 
 
 def _rank(plan: SplitPlan, r: int, *, w: int, out_sum: int, out_max: Sequence[int], last_out_max: int | None,
-          runtime: int) -> RankMemory:
+          runtime: int, transient: int = 0) -> RankMemory:
     """Rank ``r``'s peak from its stages' weights, summed per-sample leaf outputs and each stage's largest one;
-    ``last_out_max`` is the last stage's largest output where the rank holds it."""
+    ``last_out_max`` is the last stage's largest output where the rank holds it; ``transient``: per sample,
+    what a recomputed block holds once more while its forward runs again."""
     train = plan.mode == "train"
     state = 1 + OPTIMIZER_STATES.get(plan.optimizer, 2) if train else 0
     micro = max(1, plan.model.batch_size // plan.chunks)
     if train:
-        act = out_sum * micro * in_flight(plan, r)
+        act = out_sum * micro * in_flight(plan, r) + transient * micro
     else:  # a stage's input and output per microbatch
         act = sum(3 * m * micro for m in out_max)
     if last_out_max is not None:  # the batch's output twice (per microbatch, merged) and the check's reference
@@ -131,18 +155,25 @@ def _rank(plan: SplitPlan, r: int, *, w: int, out_sum: int, out_max: Sequence[in
 
 
 def predict_memory(plan: SplitPlan, *, weights: Sequence[int], leaf_out_sum: Sequence[int], leaf_out_max: Sequence[int],
-                   runtime: int, budget: int, serial: bool = False) -> MemoryPrediction:
+                   runtime: int, budget: int, serial: bool = False, blocks: Sequence[Sequence[BlockBytes]] = (),
+                   counts: Sequence[int] | None = None) -> MemoryPrediction:
     """Each rank's peak from its stages' bytes (per stage: weights, per-sample leaf outputs summed and largest);
-    ``serial``: rank 0 also holds the whole model, to time the serial baseline beside the pipeline."""
+    ``serial``: rank 0 also holds the whole model, to time the serial baseline beside the pipeline; ``counts``
+    of each stage's ``blocks`` recomputed (training)."""
     train = plan.mode == "train"
     state = 1 + OPTIMIZER_STATES.get(plan.optimizer, 2) if train else 0
+    sums, extra = list(leaf_out_sum), [0] * len(leaf_out_sum)
+    if train and counts is not None and blocks:
+        for s, n in enumerate(counts):
+            sums[s], extra[s] = recomputed(leaf_out_sum[s], blocks[s], n)
     ranks = []
     for r in range(plan.ranks):
         held = plan.rank_stages(r)
         last = plan.stages - 1
-        ranks.append(_rank(plan, r, w=sum(weights[s] for s in held), out_sum=sum(leaf_out_sum[s] for s in held),
+        ranks.append(_rank(plan, r, w=sum(weights[s] for s in held), out_sum=sum(sums[s] for s in held),
                            out_max=[leaf_out_max[s] for s in held],
-                           last_out_max=leaf_out_max[last] if last in held else None, runtime=runtime))
+                           last_out_max=leaf_out_max[last] if last in held else None, runtime=runtime,
+                           transient=max(extra[s] for s in held)))
     total_w = sum(weights)
     whole_act = (sum(leaf_out_sum) if train else 3 * max(leaf_out_max, default=0)) * plan.model.batch_size
     alone = total_w * (1 + state) + whole_act

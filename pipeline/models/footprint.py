@@ -15,9 +15,10 @@ from dataclasses import dataclass
 import torch
 from torch.utils._pytree import tree_flatten
 
-from pipeline.core.budget import MemoryPrediction, RankMemory, format_size, leanest_cuts, predict_memory
+from pipeline.core.budget import BlockBytes, MemoryPrediction, RankMemory, format_size, leanest_cuts, predict_memory
 from pipeline.core.errors import PipesplitError
 from pipeline.core.plan import SplitPlan, SplitPoint
+from pipeline.core.recompute import counts_for, least_counts
 from pipeline.core.spec import ModelSpec
 from pipeline.models.batch import example_input, rows
 from pipeline.models.candidates import Candidates
@@ -25,7 +26,7 @@ from pipeline.models.meta import MetaModel
 from pipeline.models.traces import run_hooked
 from pipeline.models.weights import with_forward
 
-__all__ = ["StageBytes", "default_budget", "leaf_outputs", "leanest", "predict_plan", "require_fitting_plan",
+__all__ = ["LeafBytes", "StageBytes", "default_budget", "leaf_outputs", "leanest", "least_recompute", "predict_plan", "require_fitting_plan",
            "rank_runtime", "require_whole_fits", "resident_bytes", "segment_bytes", "stage_bytes"]
 
 
@@ -38,32 +39,71 @@ class StageBytes:
     """All its leaf modules' outputs, one sample (a training step keeps about this per microbatch in flight)."""
     leaf_out_max: tuple[int, ...]
     """Its largest leaf output, one sample (an inference step holds a few such at once)."""
+    blocks: tuple[tuple[BlockBytes, ...], ...] = ()
+    """Per stage, each block of the stack that begins in it, in order: what recomputing it saves."""
 
     def to_dict(self) -> dict[str, list[int]]:
         return {"weights": list(self.weights), "leaf_out_sum": list(self.leaf_out_sum),
                 "leaf_out_max": list(self.leaf_out_max)}
 
 
-def leaf_outputs(meta: MetaModel, spec: ModelSpec, cands: Candidates) -> dict[int, int]:
-    """Each leaf module call's output bytes for one sample, by the position of its start in ``cands.events``."""
+class LeafBytes(dict[int, int]):
+    """Each leaf module call's output bytes for one sample, by the position of its start in ``cands.events``;
+    ``inputs``: every once-called module's largest input tensor, one sample, by the same positions (what a
+    recomputed block keeps: its hidden state; the masks and rotary tables it shares with the others cost nothing)."""
+
+    inputs: dict[int, int]
+
+
+def _bytes(t: object) -> int:
+    return t.numel() * t.element_size() if isinstance(t, torch.Tensor) else 0
+
+
+def leaf_outputs(meta: MetaModel, spec: ModelSpec, cands: Candidates) -> LeafBytes:
+    """Each leaf module call's output bytes for one sample (and each module's input: ``LeafBytes.inputs``)."""
     index = {e: i for i, e in enumerate(cands.events)}
-    out: dict[int, int] = {}
+    out = LeafBytes()
+    out.inputs = {}
 
     def run(model: torch.nn.Module, x: tuple[torch.Tensor, ...]) -> None:
         out.clear()
         handles = []
         for name, mod in model.named_modules(remove_duplicate=False):
-            if f"B:{name}" not in index or next(mod.children(), None) is not None:
+            if f"B:{name}" not in index:
                 continue
+            leaf = next(mod.children(), None) is None
 
-            def hook(m: torch.nn.Module, a: object, o: object, pos: int = index[f"B:{name}"]) -> None:
-                out[pos] = sum(t.numel() * t.element_size() for t in tree_flatten(o)[0] if isinstance(t, torch.Tensor))
+            def hook(m: torch.nn.Module, a: object, k: object, o: object, pos: int = index[f"B:{name}"],
+                     leaf: bool = leaf) -> None:
+                out.inputs[pos] = max((_bytes(t) for t in tree_flatten((a, k))[0]), default=0)
+                if leaf:
+                    out[pos] = sum(_bytes(t) for t in tree_flatten(o)[0])
 
-            handles.append(mod.register_forward_hook(hook))
+            handles.append(mod.register_forward_hook(hook, with_kwargs=True))
         run_hooked(model, x, handles)
 
     with_forward(meta, rows(example_input(spec), 1), run)
     return out
+
+
+def _blocks(cands: Candidates, plan: SplitPlan, leaves: dict[int, int]) -> tuple[tuple[BlockBytes, ...], ...]:
+    """Per stage, what each of its stack's blocks saves for backward (its leaves' outputs) and keeps if
+    recomputed (its input); empty where the model has no single stack."""
+    try:
+        names = cands.stage_blocks(plan)
+    except PipesplitError:
+        return ()
+    index = {e: i for i, e in enumerate(cands.events)}
+    inputs = getattr(leaves, "inputs", {})
+    out = []
+    for stage in names:
+        got = []
+        for n in stage:
+            lo, hi = index["B:" + n], index.get("E:" + n, len(cands.events))
+            got.append(BlockBytes(saved=sum(b for pos, b in leaves.items() if lo <= pos < hi),
+                                  kept=inputs.get(lo, 0)))
+        out.append(tuple(got))
+    return tuple(out)
 
 
 def stage_bytes(meta: MetaModel, spec: ModelSpec, cands: Candidates, plan: SplitPlan,
@@ -75,7 +115,8 @@ def stage_bytes(meta: MetaModel, spec: ModelSpec, cands: Candidates, plan: Split
     bounds = list(zip(starts, [*starts[1:], len(cands.events)]))
     within = [[b for pos, b in leaves.items() if lo <= pos < hi] for lo, hi in bounds]
     return StageBytes(weights=tuple(n * size for n in cands.stage_elements(plan)),
-                      leaf_out_sum=tuple(sum(w) for w in within), leaf_out_max=tuple(max(w, default=0) for w in within))
+                      leaf_out_sum=tuple(sum(w) for w in within), leaf_out_max=tuple(max(w, default=0) for w in within),
+                      blocks=_blocks(cands, plan, leaves) if plan.mode == "train" else ())
 
 
 def resident_bytes() -> int:
@@ -149,17 +190,38 @@ def default_budget(device: str, ranks: int) -> int:
 
 def predict_plan(plan: SplitPlan, meta: MetaModel, cands: Candidates, budget: int | None = None,
                  runtime: int | None = None, leaves: dict[int, int] | None = None,
-                 serial: bool = False) -> MemoryPrediction:
+                 serial: bool = False, counts: tuple[int, ...] | None = None) -> MemoryPrediction:
     """Each rank's predicted peak for ``plan`` against ``budget`` (default: ``default_budget``); the runtime
     is this process's resident memory on CPU (a rank imports the same stack), 0 on CUDA (where the peak
     measured is what torch allocates). ``leaves`` (``leaf_outputs``) saves a forward per plan; ``serial``:
-    rank 0 also holds the whole model to time the serial baseline."""
+    rank 0 also holds the whole model to time the serial baseline; ``counts``: recomputed blocks per stage in
+    place of the plan's own (``--recompute``)."""
     sb = stage_bytes(meta, plan.model, cands, plan, leaves)
+    if counts is None and plan.recompute != "none":
+        counts = counts_for(plan.recompute, [len(b) for b in sb.blocks]) if sb.blocks else None
     if runtime is None:
         runtime = 0 if plan.device == "cuda" else resident_bytes()
     return predict_memory(plan, weights=sb.weights, leaf_out_sum=sb.leaf_out_sum, leaf_out_max=sb.leaf_out_max,
-                          runtime=runtime, budget=default_budget(plan.device, plan.ranks) if budget is None else budget,
+                          runtime=runtime, blocks=sb.blocks, counts=counts, budget=default_budget(plan.device, plan.ranks) if budget is None else budget,
                           serial=serial)
+
+
+def least_recompute(plan: SplitPlan, meta: MetaModel, cands: Candidates, budget: int, runtime: int,
+                    leaves: dict[int, int] | None = None, serial: bool = False) -> tuple[int, ...] | None:
+    """The fewest recomputed blocks per stage with which every rank of ``plan`` fits ``budget`` (None where
+    even every block recomputed does not, or the model has no stack of blocks)."""
+    if plan.mode != "train":
+        return None
+    sb = stage_bytes(meta, plan.model, cands, plan, leaves)
+    if not sb.blocks:
+        return None
+    def fits(r: int, mine: dict[int, int]) -> bool:
+        counts = [mine.get(s, 0) for s in range(plan.stages)]
+        p = predict_memory(plan, weights=sb.weights, leaf_out_sum=sb.leaf_out_sum, leaf_out_max=sb.leaf_out_max,
+                           runtime=runtime, budget=budget, serial=serial, blocks=sb.blocks, counts=counts)
+        return p.ranks[r].total <= budget
+
+    return least_counts([len(b) for b in sb.blocks], [plan.rank_stages(r) for r in range(plan.ranks)], fits)
 
 
 def require_whole_fits(meta: MetaModel, cands: Candidates, spec: ModelSpec, budget: int, why: str, *,
