@@ -214,7 +214,8 @@ def run_study(cfg: SearchConfig, *, references: bool = False) -> StudyRun:
     first = choice.layouts[0]
     fit = device_fit(cfg.device_memory, meta, cands, spec, ranks=stages, chunks=max(first.chunks),
                      schedule=first.schedule, per_rank=first.per_rank, mode=cfg.mode, optimizer=cfg.optimizer,
-                     device=device, backend=cfg.backend, objective=cfg.objective)
+                     device=device, backend=cfg.backend, objective=cfg.objective,
+                     recompute=cfg.recompute if cfg.mode == "train" else "none")
     metric = Metric(name=fit.metric, batch=spec.batch_size)
     threads = cfg.threads_per_stage or default_threads(stages)
     trials = cfg.trials or (12 if stages == 2 else 14)
@@ -235,7 +236,8 @@ def run_study(cfg: SearchConfig, *, references: bool = False) -> StudyRun:
               **({"device_memory": cfg.device_memory} if cfg.device_memory else {}),
               **({"objective": metric.name} if not metric.speedup else {}),
               **({"objectives": [metric.name, "memory"]} if cfg.memory_objective else {}),
-              **({"mode": "train", "optimizer": cfg.optimizer} if cfg.mode == "train" else {})}
+              **({"mode": "train", "optimizer": cfg.optimizer} if cfg.mode == "train" else {}),
+              **({"recompute": cfg.recompute} if cfg.mode == "train" and cfg.recompute != "search" else {})}
     # failed trials are reported in one line by the search loop, not with optuna's traceback
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     # the sampler needs the profile: it replaces this placeholder once the profile is loaded
@@ -291,7 +293,8 @@ def run_study(cfg: SearchConfig, *, references: bool = False) -> StudyRun:
         started = time.monotonic()
         ctx = SearchContext(study=study, pool=pool, profile=prof, cands=cands, spec=spec, space=space,
                             threads=threads, backend=cfg.backend, schedule=space.layouts[0].schedule, device=device,
-                            mode=cfg.mode, optimizer=cfg.optimizer,
+                            mode=cfg.mode, optimizer=cfg.optimizer, recompute=cfg.recompute,
+                            least_recompute=fit.least_recompute,
                             repeats=repeats, repeat_cap=cap, budget_repeats=cfg.budget_repeats,
                             trial_timeout_s=cfg.trial_timeout_s, prune=cfg.prune,
                             progress=cfg.progress, metric=metric, memory_objective=two,

@@ -62,7 +62,7 @@ def counts_for(rc: Recompute, blocks: Sequence[int]) -> tuple[int, ...]:
     line where a count asks for more blocks than its stage has."""
     if rc == "none":
         return tuple(0 for _ in blocks)
-    if rc == "full":
+    if isinstance(rc, str):  # full
         return tuple(blocks)
     check_stages(rc, len(blocks))
     for s, (n, have) in enumerate(zip(rc, blocks)):

@@ -14,8 +14,8 @@ from torch import nn
 from pipeline.core.errors import PipesplitError
 from pipeline.core.plan import SplitPlan, SplitPoint
 from pipeline.core.policies import PolicyInputs
-from pipeline.core.spec import ModelSpec
 from pipeline.core.recompute import counts_for
+from pipeline.core.spec import ModelSpec
 from pipeline.core.stack import NoStack, find_stack
 from pipeline.models.batch import example_input, rows
 from pipeline.models.meta import MetaModel

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -26,8 +27,8 @@ from pipeline.models.meta import MetaModel
 from pipeline.models.traces import run_hooked
 from pipeline.models.weights import with_forward
 
-__all__ = ["LeafBytes", "StageBytes", "default_budget", "leaf_outputs", "leanest", "least_recompute", "predict_plan", "require_fitting_plan",
-           "rank_runtime", "require_whole_fits", "resident_bytes", "segment_bytes", "stage_bytes"]
+__all__ = ["LeafBytes", "StageBytes", "default_budget", "leaf_outputs", "leanest", "least_recompute", "predict_plan",
+           "require_fitting_plan", "rank_runtime", "require_whole_fits", "resident_bytes", "segment_bytes", "stage_bytes"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -202,14 +203,15 @@ def predict_plan(plan: SplitPlan, meta: MetaModel, cands: Candidates, budget: in
     if runtime is None:
         runtime = 0 if plan.device == "cuda" else resident_bytes()
     return predict_memory(plan, weights=sb.weights, leaf_out_sum=sb.leaf_out_sum, leaf_out_max=sb.leaf_out_max,
-                          runtime=runtime, blocks=sb.blocks, counts=counts, budget=default_budget(plan.device, plan.ranks) if budget is None else budget,
-                          serial=serial)
+                          runtime=runtime, blocks=sb.blocks, counts=counts,
+                          budget=default_budget(plan.device, plan.ranks) if budget is None else budget, serial=serial)
 
 
-def least_recompute(plan: SplitPlan, meta: MetaModel, cands: Candidates, budget: int, runtime: int,
+def least_recompute(plan: SplitPlan, meta: MetaModel, cands: Candidates, budget: int, runtime: int | Sequence[int],
                     leaves: dict[int, int] | None = None, serial: bool = False) -> tuple[int, ...] | None:
-    """The fewest recomputed blocks per stage with which every rank of ``plan`` fits ``budget`` (None where
-    even every block recomputed does not, or the model has no stack of blocks)."""
+    """The fewest recomputed blocks per stage with which every rank of ``plan`` fits ``budget`` (``runtime``:
+    one figure, or one per rank); None where even every block recomputed does not, or the model has no stack."""
+    rt = [runtime] * plan.ranks if isinstance(runtime, int) else list(runtime)
     if plan.mode != "train":
         return None
     sb = stage_bytes(meta, plan.model, cands, plan, leaves)
@@ -218,8 +220,8 @@ def least_recompute(plan: SplitPlan, meta: MetaModel, cands: Candidates, budget:
     def fits(r: int, mine: dict[int, int]) -> bool:
         counts = [mine.get(s, 0) for s in range(plan.stages)]
         p = predict_memory(plan, weights=sb.weights, leaf_out_sum=sb.leaf_out_sum, leaf_out_max=sb.leaf_out_max,
-                           runtime=runtime, budget=budget, serial=serial, blocks=sb.blocks, counts=counts)
-        return p.ranks[r].total <= budget
+                           runtime=0, budget=budget, serial=serial, blocks=sb.blocks, counts=counts)
+        return p.ranks[r].total + rt[min(r, len(rt) - 1)] <= budget
 
     return least_counts([len(b) for b in sb.blocks], [plan.rank_stages(r) for r in range(plan.ranks)], fits)
 

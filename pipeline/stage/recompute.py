@@ -59,7 +59,7 @@ def recompute_blocks(stage: nn.Module, names: Sequence[str]) -> None:
     for name in names:
         block = stage.get_submodule(name)
         inner = block.forward
-        block.forward = functools.partial(_checkpointed, inner)  # type: ignore[method-assign]
+        block.forward = functools.partial(_checkpointed, inner)
 
 
 def _checkpointed(fn: Any, *args: Any, **kwargs: Any) -> Any:

@@ -6,7 +6,7 @@ speedup is the figure), and the leanest plan, or one line where no plan of the a
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -36,18 +36,22 @@ class DeviceFit:
     what a rank imports (``pipeline.models.footprint.rank_runtime``)."""
     lean_cuts: tuple[int, ...] = ()
     """Block cuts whose largest rank needs least (empty without a limit, or with virtual stages)."""
+    least_recompute: Callable[[SplitPlan, Sequence[int]], tuple[int, ...] | None] | None = field(default=None,
+                                                                                                   compare=False)
+    """Training under a limit: the fewest recomputed blocks per stage with which a plan fits, given each rank's
+    runtime memory (None where even recomputing every block does not)."""
 
 
 def device_fit(budget: int | None, meta: Any, cands: Any, spec: ModelSpec, *, ranks: int, chunks: int,
                schedule: str, per_rank: int, mode: str, optimizer: str, device: str, backend: str,
-               objective: str | None = None) -> DeviceFit:
+               objective: str | None = None, recompute: str = "none") -> DeviceFit:
     """The study's ``DeviceFit`` for the ``objective`` asked (None: speedup where the whole model fits); one
     line, before anything starts, where no plan of ``ranks`` ranks at ``chunks`` microbatches fits
     ``budget``, or where the model must be whole on a rank (torchpippy, a model that cannot be built on
     meta) and does not fit."""
     if budget is None:
         return DeviceFit(metric=choose_metric(objective, serial_fits=True))
-    from pipeline.models.footprint import leaf_outputs, predict_plan, rank_runtime, require_fitting_plan
+    from pipeline.models.footprint import leaf_outputs, least_recompute, predict_plan, rank_runtime, require_fitting_plan
 
     leaves = leaf_outputs(meta, spec, cands)
     import json
@@ -68,11 +72,35 @@ def device_fit(budget: int | None, meta: Any, cands: Any, spec: ModelSpec, *, ra
                              f"--device-memory {format_size(budget)}, and {why_whole}")
     metric = choose_metric(objective, serial_fits=whole.serial_fits)
     serial = metric == "speedup"
-    lean = require_fitting_plan(template, meta, cands, budget, runtime, leaves,
-                                serial=whole.whole - runtime if serial else 0)
+    try:
+        lean = require_fitting_plan(template, meta, cands, budget, runtime, leaves,
+                                    serial=whole.whole - runtime if serial else 0)
+    except PipesplitError:
+        if recompute == "none" or mode != "train" or not _fits_recomputed(template, meta, cands, budget, runtime,
+                                                                            leaves, serial, ranks * per_rank):
+            raise
+        lean = ()  # only recomputation makes a plan fit: each plan is given what it needs as it comes
 
     def memory_of(plan: SplitPlan) -> MemoryPrediction:
         return predict_plan(plan, meta, cands, budget, runtime=0, leaves=leaves, serial=serial)
 
+    def least(plan: SplitPlan, runtimes: Sequence[int]) -> tuple[int, ...] | None:
+        return least_recompute(plan, meta, cands, budget, runtimes, leaves, serial=serial)
+
     return DeviceFit(metric=metric, serial_fits=whole.serial_fits, whole_bytes=whole.whole, memory_of=memory_of,
-                     first_runtime=runtime, lean_cuts=lean)
+                     first_runtime=runtime, lean_cuts=lean,
+                     least_recompute=least if mode == "train" and recompute == "search" else None)
+
+
+def _fits_recomputed(template: SplitPlan, meta: Any, cands: Any, budget: int, runtime: int, leaves: Any,
+                     serial: bool, stages: int) -> bool:
+    """Whether the uniform plan of ``stages`` stages fits ``budget`` with every block recomputed."""
+    import dataclasses
+
+    from pipeline.models.footprint import predict_plan
+
+    try:
+        plan = dataclasses.replace(template, split_points=cands.policy_points("uniform", stages), recompute="full")
+    except PipesplitError:
+        return False
+    return predict_plan(plan, meta, cands, budget, runtime=runtime, leaves=leaves, serial=serial).worst.total <= budget

@@ -65,8 +65,10 @@ def _stage_params(profile: Profile, cuts: Sequence[int], ranks: int) -> tuple[in
 
 
 def price(profile: Profile, cuts: Sequence[int], chunks: int, layout: Layout, *, mode: str, optimizer: str,
-          order: Sequence[Sequence[str]] | None, machine: Machine | None = None) -> Price:
-    """The prediction for the plan (``unpriced_reason`` must be None); ``machine`` replaces the profile's."""
+          order: Sequence[Sequence[str]] | None, machine: Machine | None = None,
+          recompute: Sequence[int] | None = None) -> Price:
+    """The prediction for the plan (``unpriced_reason`` must be None); ``machine`` replaces the profile's;
+    ``recompute``: the blocks each stage recomputes (training)."""
     if simulated(layout, mode):
         p = simulate(profile, cuts, chunks, layout.schedule, machine=machine)
         return Price(speedup=p.speedup, makespan_s=p.makespan_s, bubble_fraction=p.bubble_fraction,
@@ -74,6 +76,7 @@ def price(profile: Profile, cuts: Sequence[int], chunks: int, layout: Layout, *,
                      stage_s=p.stage_s, ceiling=p.ceiling)
     if order is None:
         raise ValueError(f"{layout.label} needs an action order to be priced")
-    t = predict_train(profile, cuts, chunks, order, optimizer=optimizer, train=mode == "train", machine=machine)
+    t = predict_train(profile, cuts, chunks, order, optimizer=optimizer, train=mode == "train", machine=machine,
+                      recompute=recompute)
     return Price(speedup=t.speedup, makespan_s=t.makespan_s, bubble_fraction=t.bubble_fraction, model="replay",
                  rank_mem_bytes=t.rank_mem_bytes)

@@ -35,6 +35,9 @@ def parse_formats(text: str | None) -> tuple[str, ...]:
     return FORMATS if names == ["all"] else tuple(dict.fromkeys(names))
 
 
+RECOMPUTE_CHOICES = ("search", "none", "full")
+"""What ``search.optimize --recompute`` takes."""
+
 @dataclass(frozen=True, kw_only=True)
 class SearchConfig:
     """One study's settings; ``search.sweep`` makes one per stage count with ``dataclasses.replace``."""
@@ -84,6 +87,9 @@ class SearchConfig:
     mode: str = "infer"
     """``train`` measures whole training steps, priced by replaying each schedule's action order."""
     optimizer: str = "adamw"
+    recompute: str = "search"
+    """Training: ``search`` gives each plan the least per-stage recomputation that fits ``device_memory`` (none
+    without a limit); ``none`` or ``full`` pin it for every plan."""
     device_memory: int | None = None
     """Memory each rank's device has (``--device-memory``, also spelt ``--max-stage-memory``): a plan predicted
     over it is not run, a measured plan that peaked over it is infeasible (None: no limit)."""
@@ -121,6 +127,9 @@ class SearchConfig:
         if self.objective is not None and self.objective not in METRICS:
             raise PipesplitError(f"--objective {self.objective} is not one this search knows: give speedup or "
                                  "throughput")
+        if self.recompute not in RECOMPUTE_CHOICES:
+            raise PipesplitError(f"--recompute {self.recompute} is not one a search takes: give search, none or full "
+                                 "(pipeline.run takes per-stage counts)")
         if self.confirm_top < 0:
             raise PipesplitError(f"--confirm-top must be 0 or more (got {self.confirm_top})")
         bad = [f for f in self.export_to if f not in FORMATS]
@@ -145,7 +154,7 @@ class SearchConfig:
                    schedules=parse_schedules(args.schedule), stages_per_rank=parse_per_rank(args.stages_per_rank),
                    device=args.device or "cpu",
                    threads_per_stage=args.threads_per_stage, mode=args.mode or "infer",
-                   optimizer=args.optimizer or "adamw",
+                   optimizer=args.optimizer or "adamw", recompute=(args.recompute or "search").strip().lower(),
                    device_memory=None if args.device_memory is None else budget.parse_size(args.device_memory),
                    objective=figure, memory_objective=two)
 

@@ -4,8 +4,8 @@ model's prices of its plans (each layout by its own action order, calibrated by 
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import optuna
@@ -15,6 +15,7 @@ from costmodel.simulate import simulate
 from costmodel.types import Machine, Profile
 from pipeline.core.budget import MemoryPrediction
 from pipeline.core.plan import SplitPlan, SplitPoint
+from pipeline.core.recompute import describe
 from pipeline.core.result import TrialResult
 from pipeline.core.spec import ModelSpec
 from pipeline.models.candidates import Candidates
@@ -23,6 +24,7 @@ from pipeline.stage.orders import schedule_order
 from search.plans.memory import learned_runtime, predicted_over, with_runtime
 from search.plans.optimum import layout_optimum
 from search.plans.pricing import Price, price, simulated, unpriced_reason
+from search.plans.recompute import choose_recompute, framework_of
 from search.plans.seeds import forward_starts
 from search.plans.space import PlanPoint, PlanSpace
 from search.trials.coordination import measured_trials, repeats_spent, value_of
@@ -37,6 +39,8 @@ def plan_key(plan: SplitPlan) -> str:
     key = f"{[(p.fqn, p.kind) for p in plan.split_points]}|{plan.chunks}"
     if (plan.schedule, plan.stages_per_rank) != ("GPipe", 1):
         key += f"|{plan.schedule}/V{plan.stages_per_rank}"
+    if plan.recompute != "none":
+        key += f"|recompute {describe(plan.recompute)}"
     return key
 
 
@@ -56,6 +60,10 @@ class SearchContext:
     device: str
     mode: str = "infer"
     optimizer: str = "adamw"
+    recompute: str = "none"
+    """Training: ``search`` (each plan the least recomputation that fits), ``none`` or ``full``."""
+    least_recompute: Callable[[SplitPlan, Sequence[int]], tuple[int, ...] | None] | None = None
+    """``search.plans.fitting.DeviceFit.least_recompute`` (None without a memory limit: nothing to fit)."""
     repeats: int
     """Base repeats per trial: a plan that is neither behind nor a contender stops here."""
     trial_timeout_s: float
@@ -98,14 +106,31 @@ class SearchContext:
     def chunks(self) -> tuple[int, ...]:
         return self.space.chunks
 
-    def plan(self, points: tuple[SplitPoint, ...], chunks: int, layout: int = 0) -> SplitPlan:
+    def plan(self, points: tuple[SplitPoint, ...], chunks: int, layout: int = 0, source: str | None = None) -> SplitPlan:
+        """The plan to run, its recomputation chosen as ``recompute`` says (a framework's reference: as that
+        framework's user would set it, ``search.plans.recompute``)."""
         lay = self.space.layouts[layout]
-        return SplitPlan(model=self.spec, split_points=points, chunks=chunks, backend=self.backend,
+        plan = SplitPlan(model=self.spec, split_points=points, chunks=chunks, backend=self.backend,
                          schedule=lay.schedule, stages_per_rank=lay.per_rank, device=self.device,
                          threads_per_stage=self.threads, mode=self.mode, optimizer=self.optimizer)
+        if self.mode != "train" or self.recompute == "none":
+            return plan
+        if self.recompute == "full":
+            return replace(plan, recompute="full")
+        cache: dict[tuple[str, str | None, tuple[int, ...]], SplitPlan] = self._memo.setdefault("recompute", {})
+        key = (plan_key(plan), framework_of(source), self.runtime())
+        if key not in cache:
+            cache[key] = choose_recompute(plan, self.cands, framework_of(source), self.least_recompute, self.runtime(),
+                                          self._fits_plan)
+        return cache[key]
 
-    def plan_for_cuts(self, cuts: list[int] | tuple[int, ...], chunks: int, layout: int = 0) -> SplitPlan:
-        return self.plan(tuple(SplitPoint(self.profile.segments[c].fqn) for c in cuts), chunks, layout)
+    def _fits_plan(self, plan: SplitPlan) -> bool:
+        pred = self.memory(plan)
+        return pred is None or predicted_over(pred) is None
+
+    def plan_for_cuts(self, cuts: list[int] | tuple[int, ...], chunks: int, layout: int = 0,
+                      source: str | None = None) -> SplitPlan:
+        return self.plan(tuple(SplitPoint(self.profile.segments[c].fqn) for c in cuts), chunks, layout, source)
 
     def order(self, p: PlanPoint) -> tuple[tuple[str, ...], ...] | None:
         """The action order of the plan's layout at its chunk count: torch's, else one a measured trial of
@@ -131,12 +156,15 @@ class SearchContext:
     def priced(self, p: PlanPoint) -> bool:
         return self.unpriced(p) is None
 
-    def price(self, p: PlanPoint, machine: Machine | None = None) -> Price:
-        """The plan's prediction (``priced`` must hold), by the raw model or a calibrated ``machine``."""
+    def price(self, p: PlanPoint, machine: Machine | None = None, plan: SplitPlan | None = None) -> Price:
+        """The plan's prediction (``priced`` must hold), by the raw model or a calibrated ``machine``; ``plan``:
+        the plan of ``p`` to be run, where its recomputation is not the search's own (a framework's reference)."""
         lay = self.space.layouts[p.layout]
         order = None if simulated(lay, self.mode) else self.order(p)
+        counts = self.cands.recompute_counts(plan or self.plan_for_cuts(p.cuts, p.chunks, p.layout)) \
+            if self.mode == "train" and self.recompute != "none" else None
         return price(self.profile, p.cuts, p.chunks, lay, mode=self.mode, optimizer=self.optimizer, order=order,
-                     machine=machine)
+                     machine=machine, recompute=counts)
 
     def schedule_optimum(self, layout: int, starts: tuple[PlanPoint, ...] = ()) -> PlanPoint | None:
         """The raw model's best plan of a layout under the memory limit: one it prices by the schedule's action

@@ -56,10 +56,10 @@ class Objective:
             except ValueError as e:  # only a foreign sampler or a hand-enqueued trial can get here
                 trial.set_user_attr("infeasible", str(e))
                 raise optuna.TrialPruned(f"infeasible: {e}") from None
-            plan = ctx.plan_for_cuts(point.cuts, point.chunks, point.layout)
+            plan = ctx.plan_for_cuts(point.cuts, point.chunks, point.layout, source)
             why = ctx.unpriced(point)
             if why is None:
-                prediction = ctx.price(point)
+                prediction = ctx.price(point, plan=plan)
                 trial.set_user_attr("predicted_speedup", prediction.speedup)
                 trial.set_user_attr("predicted_value", ctx.metric.predicted(prediction.speedup, prediction.makespan_s))
                 trial.set_user_attr("predicted_s", prediction.makespan_s)

@@ -78,9 +78,9 @@ def seed_study(ctx: SearchContext, *, policies: bool = False) -> None:
     for s in first + layout_seeds(ctx.profile, ctx.space, lambda k: ctx.schedule_optimum(k, lean if k == 0 else ())):
         if s.cuts is not None:
             point = ctx.space.from_cuts(s.cuts, s.chunks, s.layout)
-            plan = ctx.plan_for_cuts(point.cuts, point.chunks, point.layout)
+            plan = ctx.plan_for_cuts(point.cuts, point.chunks, point.layout, s.source)
         else:
-            plan = ctx.plan(s.points or (), s.chunks)
+            plan = ctx.plan(s.points or (), s.chunks, source=s.source)
         # a reference predicted over --device-memory is kept as a trial pruned with its prediction (never built),
         # so that the summary and the dashboard say why PiPPy's plan, say, was not measured
         if s.cuts is not None:
