@@ -54,7 +54,7 @@ def _config(model_type: str, kwargs: dict[str, Any]) -> Any:
                              "transformers.CONFIG_MAPPING, e.g. hf:gpt2, hf:llama, hf:bert")
     cls = CONFIG_MAPPING[model_type]
     try:
-        known = set(cls().to_dict()) | set(getattr(cls, "attribute_map", {}))
+        known = set(cls().to_dict()) | set(getattr(cls, "attribute_map", {})) | {"attn_implementation"}
     except Exception:  # noqa: BLE001 - a config whose own defaults fail its checks: the call below says what
         known = set(kwargs)
     unknown = [k for k in kwargs if k not in known]
