@@ -123,7 +123,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--vocab", type=int, default=2048)
     p.add_argument("--seq-len", type=int, default=512)
     p.add_argument("--batch-size", type=int, default=8)
-    p.add_argument("--chunks", default="4,8", help="chunk counts the search tries (default 4,8)")
+    p.add_argument("--chunks", default="4",
+                   help="chunk counts the search tries (default 4: microbatches of 2, as a user sets one size)")
     p.add_argument("--device-memory", default="1.1GiB", help="each rank's budget (default 1.1GiB)")
     p.add_argument("--trials", type=int, default=8, help="measured trials of the search (default 8)")
     p.add_argument("--rounds", type=int, default=3, help="interleaved rounds of the re-measurement (default 3)")

@@ -6,7 +6,15 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from pipeline.core.budget import format_size, in_flight, leanest_cuts, parse_size, predict_memory
+from pipeline.core.budget import (
+    BlockBytes,
+    format_size,
+    in_flight,
+    leanest_cuts,
+    parse_size,
+    predict_memory,
+    recomputed,
+)
 from pipeline.core.errors import PipesplitError
 from pipeline.core.plan import SplitPlan, SplitPoint
 from pipeline.core.spec import ModelSpec
@@ -119,3 +127,33 @@ def test_rank_0_holds_the_serial_model_beside_its_stage_where_the_baseline_is_ti
     assert timed.ranks[0].serial == alone.whole - 10 and timed.ranks[1] == alone.ranks[1]
     assert timed.ranks[0].total == alone.ranks[0].total + alone.whole - 10
     assert "the serial baseline's whole model" in timed.ranks[0].describe()
+
+
+def test_a_recomputed_block_keeps_its_input_and_holds_its_activations_once_more():
+    blocks = (BlockBytes(saved=100, kept=10), BlockBytes(saved=60, kept=10))
+    assert recomputed(200, blocks, 0) == (200, 0)
+    assert recomputed(200, blocks, 1) == (110, 100) and recomputed(200, blocks, 2) == (60, 100)
+
+
+def test_recomputation_lowers_the_training_prediction_where_the_counts_say():
+    plan = _plan(2, mode="train", schedule="1F1B", chunks=4)  # rank 0 holds 2 microbatches in flight, rank 1 one
+    blocks = [(BlockBytes(saved=1000, kept=100),), (BlockBytes(saved=1000, kept=100),)]
+    kw = dict(weights=[0, 0], leaf_out_sum=[1000, 1000], leaf_out_max=[0, 0], runtime=0, budget=10**9, blocks=blocks)
+    none = predict_memory(plan, **kw)
+    first = predict_memory(plan, **kw, counts=[1, 0])
+    micro = 2
+    assert none.ranks[0].activations == 1000 * micro * 2
+    assert first.ranks[0].activations == 100 * micro * 2 + 1000 * micro  # inputs in flight, one block again
+    assert first.ranks[1].activations == none.ranks[1].activations
+    assert predict_memory(_plan(2, chunks=4), **kw, counts=[1, 1]).ranks[0].activations == \
+        predict_memory(_plan(2, chunks=4), **kw).ranks[0].activations  # inference recomputes nothing
+
+
+def test_the_refusal_names_the_callers_fixes_first_and_no_schedule_the_plan_already_has():
+    plan = _plan(2, mode="train", schedule="1F1B", chunks=4)
+    over = predict_memory(plan, weights=[10, 10], leaf_out_sum=[10**6, 10**6], leaf_out_max=[0, 0], runtime=0,
+                          budget=1000)
+    with pytest.raises(PipesplitError) as e:
+        over.check(plan, ["--recompute 1,0 (the fewest blocks recomputed per stage that fit)"])
+    text = str(e.value)
+    assert "use --recompute 1,0" in text and "--schedule 1F1B" not in text and "more --chunks" in text

@@ -72,3 +72,13 @@ def test_a_reports_runtime_is_each_ranks_own_least_gap():
     measured = [([500, 600], [100, 150]), ([450, 480], [90, 60])]
     assert rank_runtime_bytes(measured) == (360, 420)  # rank 0 (which also times the serial model) apart
     assert rank_runtime_bytes([]) == () and rank_runtime_bytes([([100], [150])]) == (0,)
+
+
+def test_a_recomputed_layer_keeps_its_input_per_microbatch_and_its_activations_once_more_in_backward():
+    prof = _profile(2, out=10, saved=1000, saved_in=0, saved_out=0)  # two layers on one stage, microbatch 2
+    gpipe = [["0F0", "0F1", "0B0", "0B1"]]
+    whole = step_memory(prof, [(0, 2)], 2, gpipe)
+    again = step_memory(prof, [(0, 2)], 2, gpipe, recompute=[[1]])  # layer 1 recomputed: keeps layer 0's output
+    assert whole.stage_activation_bytes == (2 * 2000,) and again.stage_activation_bytes == (2 * (1000 + 10),)
+    # at 0B0: two microbatches held, the parameters' new gradients, and layer 1's 2 x 1000 B again as it recomputes
+    assert again.rank_step_bytes[0] == 2 * 2020 + 2000 + 2000 < whole.rank_step_bytes[0]

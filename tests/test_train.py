@@ -4,7 +4,7 @@ import dataclasses
 
 import pytest
 
-from costmodel.train import in_flight, predict_train, train_stage_times
+from costmodel.train import in_flight, predict_train, recomputed_segments, train_stage_times
 from tests.conftest import toy_profile
 from tests.test_replay import ONE_F_ONE_B
 
@@ -60,3 +60,15 @@ def test_forward_only_replays_the_orders_forwards_with_parameters_alone_in_memor
     assert p.serial_s == pytest.approx(4 * 8.0)
     assert p.stage_mem_bytes == tuple(sum(s.param_bytes for s in prof.segments[a:b]) for a, b in ((0, 2), (2, 4)))
     assert p.rank_step_bytes == (0, 0)
+
+
+def test_a_recomputed_layer_runs_its_forward_again_in_the_backward():
+    prof = training_profile()  # 4 layers (blocks.0-3), forward 1 s/sample, backward 2 s/sample
+    times, _ = train_stage_times(prof, [2], 4, recompute=[1, 2])  # microbatch 2
+    assert times[0].backward == 8.0 + 2.0 and times[0].weight_grad == times[0].backward  # the first stage: W whole
+    assert times[1].backward == 8.0 + 4.0 and times[1].input_grad == 4.0 + 4.0 and times[1].weight_grad == 4.0
+    assert recomputed_segments(prof, [2], [1, 2]) == [[0], [2, 3]]
+    assert recomputed_segments(prof, [2], None) == [[], []]
+    slow = predict_train(prof, [2], 4, GPIPE, recompute=[2, 2])
+    assert slow.makespan_s > predict_train(prof, [2], 4, GPIPE).makespan_s
+    assert slow.rank_step_bytes[0] < predict_train(prof, [2], 4, GPIPE).rank_step_bytes[0]

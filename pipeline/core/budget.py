@@ -17,7 +17,7 @@ from pipeline.core.errors import PipesplitError
 from pipeline.core.plan import SplitPlan
 
 __all__ = ["UNITS", "BlockBytes", "MemoryPrediction", "RankMemory", "format_size", "in_flight", "leanest_cuts", "parse_size",
-           "predict_memory"]
+           "predict_memory", "recomputed"]
 
 UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "m": 1000**2, "mb": 1000**2, "g": 1000**3, "gb": 1000**3,
          "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40, "tb": 1000**4}

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from pipeline.core.stack import Stack, nearest_allowed
+from pipeline.peers.recompute_text import deepspeed_recompute, megatron_recompute, torchtitan_recompute
 
 __all__ = ["FORMATS", "Exported", "PlanView", "deepspeed", "export_to", "megatron", "torchtitan"]
 
@@ -39,6 +40,8 @@ class PlanView:
     batch_size: int
     mode: str
     segment_elements: tuple[int, ...] = ()
+    recompute: tuple[int, ...] = ()
+    """Training: the layers each stage recomputes (empty: none)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -110,7 +113,8 @@ def torchtitan(view: PlanView) -> Exported:
         f'    pipeline_parallel_schedule="{view.schedule}",', f"    pipeline_parallel_microbatch_size={micro},",
         f"    module_fqns_per_model_part={lists},", ")",
         f"training = TrainingConfig(local_batch_size={view.batch_size})  # {view.chunks} microbatches of {micro}"])
-    return Exported(text=f"{names}\n\n{toml}\n\n{py}\n", unexpressible=why, cuts=cuts)
+    rc = f"\n{torchtitan_recompute(view.stack, cuts, view.recompute)}\n" if any(view.recompute) else ""
+    return Exported(text=f"{names}\n\n{toml}\n\n{py}\n{rc}", unexpressible=why, cuts=cuts)
 
 
 def _letters(items: Sequence[str]) -> str:
@@ -139,10 +143,13 @@ def megatron(view: PlanView) -> Exported:
     flags = [f"--pipeline-model-parallel-size {view.ranks}", f"--num-layers {view.stack.layers}",
              f'--pipeline-model-parallel-layout "{layout}"',
              f"--micro-batch-size {view.batch_size // view.chunks}", f"--global-batch-size {view.batch_size}"]
+    rc = megatron_recompute(view.stack, cuts, view.recompute) if any(view.recompute) else []
+    flags += [f for f in rc if not f.startswith("#")]
     note = (f"# {view.per_rank} virtual stages per rank (interleaved 1F1B), read from the layout's "
             f"{view.ranks * view.per_rank} stages\n" if view.per_rank > 1 else "")
     note += (f"# E: the embedding ({', '.join(view.names[:view.stack.pre]) or '-'}), t: a decoder layer "
              f"({view.stack.prefix}.<i>), L: the output layer and loss ({', '.join(view.names[view.stack.end:]) or '-'})\n")
+    note += "".join(f"{line}\n" for line in rc if line.startswith("#"))
     return Exported(text=note + " \\\n    ".join(flags) + "\n", unexpressible=why, cuts=cuts)
 
 
@@ -165,6 +172,8 @@ def deepspeed(view: PlanView, parameters_parts: Sequence[int] | None = None,
             f"#   {', '.join(layers)}\nparts = {parts}  # stage s builds layers[parts[s]:parts[s + 1]]\n")
     config = (f'# ds_config: "train_micro_batch_size_per_gpu": {view.batch_size // view.chunks}, '
               f'"gradient_accumulation_steps": {view.chunks}  ({view.chunks} microbatches per step)\n')
+    if any(view.recompute):
+        config += deepspeed_recompute(view.stack, cuts, view.recompute)
     for method, given in (("parameters", parameters_parts), ("uniform", uniform_parts)):
         if given is not None and [int(p) for p in given] == parts:
             return Exported(text=head + f'PipelineModule(layers=layers, num_stages={stages}, partition_method="{method}")'
