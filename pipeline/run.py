@@ -29,6 +29,8 @@ examples:
       --batch-size 8 --stages 2 --chunks 4
   # what torchtitan's default rule cuts, run by torchtitan's own code (pip install 'pipesplit[peers]')
   python -m pipeline.run --model hf:llama --stages 4 --policy torchtitan --chunks 4
+  # a training step where stage 0 recomputes its first 2 blocks and stage 1 none (or --recompute full)
+  python -m pipeline.run --stages 2 --policy uniform --chunks 8 --mode train --schedule 1F1B --recompute 2,0
   # 4 stages on 2 ranks, 2 per rank (--stages counts ranks in every command)
   python -m pipeline.run --stages 2 --stages-per-rank 2 --policy uniform --chunks 4 --schedule Interleaved1F1B
   # run an exported best split again and save what it measured

@@ -40,6 +40,8 @@ examples:
   # resume: run the same command again; --trials is the study's total of measured trials
   python -m search.optimize --stages 2 --trace              # + torch.profiler traces of the best plan
   python -m search.optimize --stages 2 --mode train --schedule all --device-memory 2GiB   # training steps
+  # training under a budget: each plan recomputes the fewest blocks per stage that fit (--recompute search)
+  python -m search.optimize --model hf:llama --stages 4 --mode train --schedule 1F1B --device-memory 1.1GiB
   # a model bigger than one device: plans that fit 4 ranks of 4.75 GiB, ranked by throughput
   python -m search.optimize --model hf:llama --model-kwargs '{"num_hidden_layers": 16, "hidden_size": 4096}' \
       --seq-len 16 --batch-size 4 --stages 4 --trials 6 --device-memory 4.75GiB

@@ -149,3 +149,13 @@ def test_a_real_deepspeed_pipeline_module_builds_our_stages(tmp_path):
         results.append(json.loads(next(line for line in text.splitlines() if line.startswith("RESULT"))[7:]))
     assert [r["parts"] for r in results] == [[0, 4, 9]] * 2
     assert [(r["start"], r["stop"]) for r in results] == [(0, 4), (4, 9)]
+
+
+def test_a_plan_with_recomputation_carries_it_into_every_format():
+    import dataclasses
+
+    v = dataclasses.replace(view((3, 5, 7)), recompute=(2, 1, 0, 0))
+    assert "RECOMPUTED = {'layers.0', 'layers.1', 'layers.2'}" in torchtitan(v).text
+    assert "--recompute-num-layers 2" in megatron(v).text and "# not expressible: Megatron-Core" in megatron(v).text
+    assert "activation_checkpoint_interval=1" in deepspeed(v).text
+    assert "recompute" not in megatron(view((3, 5, 7))).text  # none: nothing written

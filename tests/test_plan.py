@@ -161,3 +161,22 @@ def test_every_plan_file_states_ranks_and_pieces_and_reads_back_in_both_versions
     v1 = {k: v for k, v in d.items() if k != "total_stages"}
     v1.update(version=1, stages=pieces)
     assert SplitPlan.from_dict(v1) == p
+
+
+def test_a_training_plan_file_carries_its_recomputation_and_older_files_load_as_none(tmp_path):
+    p = plan(mode="train", recompute="1,0")
+    d = p.to_dict()
+    assert d["version"] == 3 and d["recompute"] == [1, 0] and SplitPlan.from_dict(d) == p
+    assert SplitPlan.from_dict({**d, "recompute": "full"}).recompute == "full"
+    old = {k: v for k, v in d.items() if k != "recompute"} | {"version": 2}
+    assert SplitPlan.from_dict(old).recompute == "none"
+    assert "recompute, 1,0" not in p.describe() and "recompute 1,0" in p.describe()
+    assert "recompute" not in plan().to_dict()  # inference: no backward to recompute for
+    assert plan(recompute="full").recompute == "none"
+
+
+@pytest.mark.parametrize("value, message", [("2,x", "is not a recomputation"), ("1,0,1", "gives 3 counts for 2 stages"),
+                                            ([-1, 0], "is not a recomputation")])
+def test_a_bad_recomputation_in_a_plan_is_one_line(value, message):
+    with pytest.raises(PipesplitError, match=message):
+        plan(mode="train", recompute=value)

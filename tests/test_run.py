@@ -153,6 +153,12 @@ def test_a_bad_plan_field_is_one_line_naming_field_value_and_type(tmp_path, caps
      "argument --stages-per-rank: must be a positive integer (got 0)"),
     (["--stages", "2", "--policy", "uniform", "--threads-per-stage", "0"],
      "argument --threads-per-stage: must be a positive integer (got 0)"),
+    (["--stages", "2", "--policy", "uniform", "--mode", "train", "--recompute", "lots"],
+     "--recompute 'lots' is not a recomputation: use none, full, or one count of blocks per stage"),
+    (["--stages", "2", "--policy", "uniform", "--mode", "train", "--recompute", "1,1,1"],
+     "--recompute 1,1,1 gives 3 counts for 2 stages"),
+    (["--stages", "2", "--policy", "uniform", "--mode", "train", "--recompute", "3,0"],
+     "--recompute asks stage 0 to recompute 3 blocks, but it holds 2: give at most 2,2"),
 ])
 def test_more_bad_flags_are_one_line(capsys, argv, message):
     with contextlib.suppress(SystemExit):
@@ -252,7 +258,7 @@ def test_a_version_1_plan_file_with_two_stages_per_rank_runs_as_it_did(tmp_path,
     assert main(["--split", str(path), "--repeats", "1", "--warmup", "0", "--no-serial-all", "--out", str(out)]) == 0
     assert "plan: 4 stages on 2 ranks, 2 per rank cut at [blocks.1, blocks.2, blocks.3]" in capsys.readouterr().out
     again = json.loads(out.read_text())
-    assert (again["version"], again["stages"], again["stages_per_rank"], again["total_stages"]) == (2, 2, 2, 4)
+    assert (again["version"], again["stages"], again["stages_per_rank"], again["total_stages"]) == (3, 2, 2, 4)
     assert SplitPlan.from_dict(again) == plan
 
 
@@ -374,3 +380,38 @@ def test_rank_0_times_the_serial_model_only_where_the_whole_model_fits_beside_it
     tight = check_memory(plan, roomy.whole + roomy.ranks[0].weights // 2)
     assert tight.serial_fits and tight.ranks[0].serial == 0
     assert "fits one device but not beside rank 0's stage: no serial baseline is timed" in describe_memory(tight)
+
+
+def test_a_training_plan_over_the_budget_is_told_the_least_recomputation_that_fits(capsys, monkeypatch, tiny_spec):
+    import pipeline.models.footprint as fp
+    import pipeline.run as run
+    from pipeline.core.plan import SplitPoint
+    from pipeline.models.build import build_meta_model
+    from pipeline.models.candidates import find_candidates
+
+    def never(*a, **k):
+        raise AssertionError("a pool ran a plan over the budget")
+
+    monkeypatch.setattr(run, "run_plan", never)
+    monkeypatch.setattr(fp, "resident_bytes", lambda: 0)  # the runtime out of the figures: the data decide
+    meta = build_meta_model(tiny_spec)
+    cands = find_candidates(meta, tiny_spec)
+    plan = SplitPlan(model=tiny_spec, split_points=(SplitPoint("blocks.2"),), chunks=1, mode="train")
+    none = fp.predict_plan(plan, meta, cands, budget=2**40).worst.total
+    full = fp.predict_plan(dataclasses.replace(plan, recompute="full"), meta, cands, budget=2**40).worst.total
+    assert full < none
+    budget = (full + none) // 2
+    args = [*TINY_VIT_ARGS, "--split-points", "blocks.2", "--mode", "train", "--device-memory", str(budget)]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert "nothing was built; use --recompute " in err and "(the fewest blocks recomputed per stage that fit)" in err
+    fix = err.split("use --recompute ")[1].split(" ")[0]
+    fixed = dataclasses.replace(plan, recompute=fix)
+    assert fp.predict_plan(fixed, meta, cands, budget=2**40).worst.total <= budget  # and it does fit
+
+
+def test_inference_says_once_that_it_ignores_recomputation(capsys):
+    assert main([*TINY_VIT_ARGS, "--stages", "2", "--policy", "uniform", "--recompute", "full",
+                 "--device-memory", "64MiB"]) == 2
+    out = capsys.readouterr().out
+    assert out.count("--recompute full is ignored: inference runs no backward") == 1

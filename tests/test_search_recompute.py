@@ -72,8 +72,10 @@ def test_the_joint_optimum_over_cuts_and_counts_is_the_optimum_over_cuts_with_th
         for counts in itertools.product(*(range(k + 1) for k in sizes)):
             if all(mem(s, sizes[s], c) <= budget for s, c in enumerate(counts)):
                 brute.append(time_of(bounds, counts))
-        least = least_counts(sizes, [(s,) for s in range(stages)],
-                             lambda r, mine: all(mem(s, sizes[s], c) <= budget for s, c in mine.items()))
+        def fits(r, mine, sizes=sizes):
+            return all(mem(s, sizes[s], c) <= budget for s, c in mine.items())
+
+        least = least_counts(sizes, [(s,) for s in range(stages)], fits)
         if least is not None:
             ours.append(time_of(bounds, least))
     assert (min(brute) if brute else None) == (min(ours) if ours else None)

@@ -62,7 +62,7 @@ def test_recomputed_blocks_give_the_same_loss_and_gradients_and_save_less():
         if rc:
             recompute_blocks(first, ["model.layers.0", "model.layers.1"])
         mod.zero_grad(set_to_none=True)
-        out, saved = _saved_bytes(lambda: mod(*x)[0])
+        out, saved = _saved_bytes(lambda mod=mod: mod(*x)[0])
         loss = loss_fn(out, target)
         loss.backward()
         runs[rc] = (float(loss.detach()), {n: p.grad.clone() for n, p in mod.named_parameters() if p.grad is not None}, saved)

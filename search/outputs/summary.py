@@ -83,10 +83,15 @@ def frameworks_summary(confirmation: Confirmation | None, metric: str,
 
 
 def layout_label(plan: dict[str, Any]) -> str:
-    """A plan's schedule, with its stages per rank where more than one: ``Interleaved1F1B/V2``."""
+    """A plan's schedule, with its stages per rank where more than one (``Interleaved1F1B/V2``) and the
+    blocks each stage recomputes where it recomputes any (``1F1B, recompute 2,1,0,0``)."""
     v = int(plan.get("stages_per_rank", 1))
     name = str(plan.get("schedule", "GPipe"))
-    return name if v == 1 else f"{name}/V{v}"
+    label = name if v == 1 else f"{name}/V{v}"
+    rc = plan.get("recompute", "none")
+    if rc not in (None, "none"):
+        label += f", recompute {rc if isinstance(rc, str) else ','.join(map(str, rc))}"
+    return label
 
 
 def _with_spread(value: Any, spread: Any, fmt: str, ceiling: float | None) -> str:

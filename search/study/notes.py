@@ -29,10 +29,15 @@ def _schedule(attrs: Mapping[str, Any]) -> str:
     """The plan's schedule (and V, and training) where it is not the default forward-only GPipe."""
     v = int(attrs.get("stages_per_rank") or 1)
     sched = str(attrs.get("schedule") or "GPipe")
-    train = (attrs.get("plan") or {}).get("mode") == "train"
+    plan = attrs.get("plan") or {}
+    train = plan.get("mode") == "train"
     if sched == "GPipe" and v == 1 and not train:
         return ""
-    return f", schedule {sched}" + (f" with {v} stages per rank" if v > 1 else "") + (", training steps" if train else "")
+    rc = plan.get("recompute", "none")
+    counts = "" if rc in (None, "none") else \
+        f" recomputing {'every block' if rc == 'full' else ','.join(map(str, rc)) + ' blocks per stage'}"
+    return (f", schedule {sched}" + (f" with {v} stages per rank" if v > 1 else "")
+            + (f", training steps{counts}" if train else ""))
 
 
 def trial_note(attrs: Mapping[str, Any], names: Sequence[str], *, number: int, state: str,

@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import math
 import time
+from dataclasses import replace
 
 import optuna
 
-from search.plans.seeds import frameworks_line, layout_seeds, seeds, unseeded_frameworks
+from search.plans.recompute import framework_of
+from search.plans.seeds import Seed, frameworks_line, layout_seeds, seeds, unseeded_frameworks
 from search.plans.space import PlanPoint
 from search.study.context import SearchContext
 from search.study.objective import Objective, TrialFailed
@@ -75,7 +77,8 @@ def seed_study(ctx: SearchContext, *, policies: bool = False) -> None:
             print(frameworks_line(missing))
     lean = tuple(PlanPoint(cuts=ctx.lean_cuts, chunks=m, layout=0) for m in ctx.space.layout_chunks(0)) \
         if ctx.lean_cuts else ()
-    for s in first + layout_seeds(ctx.profile, ctx.space, lambda k: ctx.schedule_optimum(k, lean if k == 0 else ())):
+    for s in apart(ctx, first + layout_seeds(ctx.profile, ctx.space,
+                                             lambda k: ctx.schedule_optimum(k, lean if k == 0 else ()))):
         if s.cuts is not None:
             point = ctx.space.from_cuts(s.cuts, s.chunks, s.layout)
             plan = ctx.plan_for_cuts(point.cuts, point.chunks, point.layout, s.source)
@@ -84,11 +87,32 @@ def seed_study(ctx: SearchContext, *, policies: bool = False) -> None:
         # a reference predicted over --device-memory is kept as a trial pruned with its prediction (never built),
         # so that the summary and the dashboard say why PiPPy's plan, say, was not measured
         if s.cuts is not None:
-            ctx.study.enqueue_trial(ctx.space.encode(point), user_attrs={"source": s.source}, skip_if_exists=True)
+            # the same cuts as a framework's plan but with the search's own recomputation: a plan of its own
+            ctx.study.enqueue_trial(ctx.space.encode(point), user_attrs={"source": s.source},
+                                    skip_if_exists=not framework_of(s.source))
         else:
             ctx.study.enqueue_trial({}, user_attrs={"source": s.source, "fixed_plan": plan.to_dict()},
                                     skip_if_exists=True)
     ctx.study.set_user_attr("seeded", True)
+
+
+def apart(ctx: SearchContext, seeds: list[Seed]) -> list[Seed]:
+    """Seeds as they run: where the search gives a training plan its own recomputation, a plan that both the
+    cost model and a framework's rule chose runs twice, as the search would run it and as that framework's
+    users would (``search.plans.recompute``), so the settings are compared on the same cuts (and each framework's
+    apart from another's that chose the same cuts: Megatron's least N is not DeepSpeed's every layer)."""
+    if ctx.mode != "train" or ctx.recompute != "search" or ctx.least_recompute is None:
+        return seeds
+    out: list[Seed] = []
+    for s in seeds:
+        names = s.source.split("+")
+        theirs = [n for n in names if framework_of(n)]
+        ours = [n for n in names if not framework_of(n)]
+        if theirs and (ours or len(theirs) > 1):
+            out += ([replace(s, source="+".join(ours))] if ours else []) + [replace(s, source=n) for n in theirs]
+        else:
+            out.append(s)
+    return out
 
 
 def seed_count(study: optuna.Study) -> int:
