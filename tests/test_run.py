@@ -157,7 +157,7 @@ def test_a_bad_plan_field_is_one_line_naming_field_value_and_type(tmp_path, caps
      "--recompute 'lots' is not a recomputation: use none, full, or one count of blocks per stage"),
     (["--stages", "2", "--policy", "uniform", "--mode", "train", "--recompute", "1,1,1"],
      "--recompute 1,1,1 gives 3 counts for 2 stages"),
-    (["--stages", "2", "--policy", "uniform", "--mode", "train", "--recompute", "3,0"],
+    (["--split-points", "blocks.2", "--mode", "train", "--recompute", "3,0"],
      "--recompute asks stage 0 to recompute 3 blocks, but it holds 2: give at most 2,2"),
 ])
 def test_more_bad_flags_are_one_line(capsys, argv, message):

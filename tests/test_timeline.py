@@ -1,5 +1,7 @@
 """Timeline: spans on one clock, consistency checks and the Gantt chart (pure; no processes)."""
 
+import dataclasses
+
 import pytest
 
 from pipeline.stage.timeline import Span, Timeline, render
@@ -52,3 +54,15 @@ def test_a_training_run_draws_backward_and_weight_grad_spans_beside_the_forwards
     assert [(s.kind, s.microbatch) for s in tl.rank(0)] == [("compute", 0), ("backward", 0), ("weight_grad", 0)]
     assert tl.totals(1)["backward"] == pytest.approx(0.1) and tl.problems() == []
     assert render(tl, tmp_path / "t.png").stat().st_size > 0
+
+
+def test_a_recomputing_ranks_row_says_what_its_backwards_recompute(tmp_path, tiny_spec):
+    from pipeline.core.plan import SplitPlan, SplitPoint
+    from pipeline.stage.timeline import recompute_notes
+
+    plan = SplitPlan(model=tiny_spec, split_points=(SplitPoint("blocks.2"),), chunks=2, mode="train", recompute="2,0")
+    assert recompute_notes(plan) == ("backward recomputes 2 blocks", "")
+    assert recompute_notes(dataclasses.replace(plan, recompute="full")) == ("backward recomputes every block",) * 2
+    assert recompute_notes(dataclasses.replace(plan, recompute="none")) == ()
+    t = dataclasses.replace(good(), rank_notes=recompute_notes(plan))
+    assert render(t, tmp_path / "t.png").exists()

@@ -7,7 +7,7 @@ as a Gantt chart by ``render`` (matplotlib, imported only there).
 from __future__ import annotations
 
 import re
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -40,12 +40,30 @@ class Span:
         return self.end - self.start
 
 
+def recompute_notes(plan: Any) -> tuple[str, ...]:
+    """Per rank of a training plan that recomputes, what its backwards recompute (its stages' counts)."""
+    rc = getattr(plan, "recompute", "none")
+    if plan is None or rc == "none":
+        return ()
+    out = []
+    for r in range(plan.ranks):
+        held = plan.rank_stages(r)
+        if rc == "full":
+            out.append("backward recomputes every block")
+            continue
+        n = sum(int(rc[s]) for s in held)
+        out.append(f"backward recomputes {n} block{'s' if n != 1 else ''}" if n else "")
+    return tuple(out)
+
+
 @dataclass(frozen=True)
 class Timeline:
     """Every measured span of one pipeline run, all ranks on one clock."""
 
     stages: int
     spans: tuple[Span, ...]
+    rank_notes: tuple[str, ...] = ()
+    """Per rank, what its backwards also run (``recomputes 2 blocks``): drawn under its row's name."""
 
     @classmethod
     def from_events(cls, compute: Any, comm: Any = (), work: Any = ()) -> Timeline:
@@ -70,7 +88,8 @@ class Timeline:
 
     @classmethod
     def from_result(cls, result: Any) -> Timeline:
-        return cls.from_events(result.events, getattr(result, "comm_events", ()), getattr(result, "work_events", ()))
+        got = cls.from_events(result.events, getattr(result, "comm_events", ()), getattr(result, "work_events", ()))
+        return replace(got, rank_notes=recompute_notes(getattr(result, "plan", None)))
 
     def to_dict(self) -> dict[str, Any]:
         return {"stages": self.stages, "spans": [asdict(s) for s in self.spans]}
@@ -161,7 +180,9 @@ def render(timeline: Timeline, path: str | Path, title: str = "") -> Path:
             ax.broken_barh([((s.start - t0) * scale, s.duration * scale)], (y + off, h),
                            facecolors=COLORS.get(s.kind, "gray"), alpha=0.6)
     ax.set_yticks(range(timeline.stages))
-    ax.set_yticklabels([f"stage {r}" for r in reversed(range(timeline.stages))])
+    notes = timeline.rank_notes
+    ax.set_yticklabels([f"stage {r}" + (f"\n{notes[r]}" if r < len(notes) and notes[r] else "")
+                        for r in reversed(range(timeline.stages))], fontsize=8 if any(notes) else None)
     ax.set_xlabel(f"time since the run started ({unit})")
     ax.set_title(title or "pipeline timeline (measured)", fontsize=10)
     shown = {s.kind for s in timeline.spans} | {"compute", "recv", "send", "send_wait"}
