@@ -91,6 +91,10 @@ def add_runtime_args(p: argparse.ArgumentParser, *, search: bool = False) -> Non
                             "per-stage recomputation that fits --device-memory (none without a limit), 'none' or "
                             "'full' pin it for every plan")
     else:
+        g.add_argument("--dp-shard", type=positive_int, default=None, metavar="D",
+                       help="training: the pipeline inside sharded data parallel: stages x D processes on a (pp, "
+                            "dp_shard) mesh, each stage fully_shard-ed (FSDP2) over its D replicas, each replica "
+                            "running the pipeline on 1/D of the batch (default 1)")
         g.add_argument("--recompute", default=None, metavar="none|full|N,...",
                        help="training: activation recomputation of the model's stacked blocks; 'none' (default), "
                             "'full' (every block), or per stage in stage order how many of its first blocks to "

@@ -31,6 +31,8 @@ examples:
   python -m pipeline.run --model hf:llama --stages 4 --policy torchtitan --chunks 4
   # a training step where stage 0 recomputes its first 2 blocks and stage 1 none (or --recompute full)
   python -m pipeline.run --stages 2 --policy uniform --chunks 8 --mode train --schedule 1F1B --recompute 2,0
+  # the pipeline inside sharded data parallel: 2 stages x 2 replicas on 4 processes, FSDP2 on each stage
+  python -m pipeline.run --stages 2 --policy uniform --chunks 4 --mode train --schedule 1F1B --dp-shard 2
   # 4 stages on 2 ranks, 2 per rank (--stages counts ranks in every command)
   python -m pipeline.run --stages 2 --stages-per-rank 2 --policy uniform --chunks 4 --schedule Interleaved1F1B
   # run an exported best split again and save what it measured
@@ -73,7 +75,7 @@ def run_plan(plan: SplitPlan, cfg: RunConfig) -> TrialResult:
     """Measure ``plan`` once on a fresh pool (the torchrun ranks under torchrun)."""
     from pipeline.ranks.launch import open_pool
 
-    with open_pool(plan.ranks, device=plan.device, threads_per_stage=plan.threads_per_stage) as pool:
+    with open_pool(plan.world, device=plan.device, threads_per_stage=plan.threads_per_stage) as pool:
         return pool.run(plan, repeats=cfg.repeats, warmup=cfg.warmup, timeout_s=cfg.timeout_s, serial=cfg.serial,
                         serial_all=cfg.serial and cfg.serial_all, trace_dir=cfg.trace_dir)
 
@@ -212,12 +214,12 @@ def plan_from_args(args: argparse.Namespace) -> SplitPlan:
         plan = SplitPlan.from_dict(raw)
         # a plan without model.input_shape (hand-written, or from another tool) runs at the model's own size
         plan = dataclasses.replace(plan, model=fit_input(plan.model, given="input_shape" in raw["model"]))
-        device = resolve_device(plan.device, plan.ranks)
+        device = resolve_device(plan.device, plan.world)
         if device != plan.device:
             plan = dataclasses.replace(plan, device=device)
         # the saved cuts measured another way: as training, or on another schedule
-        changes = {k: getattr(args, k) for k in ("mode", "optimizer", "schedule", "stages_per_rank", "recompute")
-                   if getattr(args, k) is not None}
+        changes = {k: getattr(args, k) for k in ("mode", "optimizer", "schedule", "stages_per_rank", "recompute",
+                                                 "dp_shard") if getattr(args, k) is not None}
         if changes:
             plan = dataclasses.replace(plan, **changes)
         cands = find_candidates(build_meta_model(plan.model), plan.model, args.granularity)
@@ -249,14 +251,14 @@ def plan_from_args(args: argparse.Namespace) -> SplitPlan:
                 f"--stages {args.stages}{per} does not match {len(points)} split points ({pieces} stages on "
                 f"{pieces // per_rank} ranks): --stages counts ranks, so give {args.stages * per_rank - 1} split points "
                 f"or --stages {pieces // per_rank}")
-    ranks = max(1, (len(points) + 1) // per_rank)
+    ranks = max(1, (len(points) + 1) // per_rank) * (args.dp_shard or 1)  # every process of the job
     plan = SplitPlan(
         model=spec, split_points=points, chunks=1 if args.chunks is None else args.chunks,
         backend=args.backend or "torch", schedule=args.schedule or "GPipe",
         device=resolve_device(args.device or "cpu", ranks),
         threads_per_stage=args.threads_per_stage or default_threads(ranks),
         stages_per_rank=per_rank, mode=args.mode or "infer", optimizer=args.optimizer or "adamw",
-        recompute=args.recompute or "none",
+        recompute=args.recompute or "none", dp_shard=args.dp_shard or 1,
     )
     cands.validate(plan)
     cands.recompute_counts(plan)

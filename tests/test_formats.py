@@ -159,3 +159,20 @@ def test_a_plan_with_recomputation_carries_it_into_every_format():
     assert "--recompute-num-layers 2" in megatron(v).text and "# not expressible: Megatron-Core" in megatron(v).text
     assert "activation_checkpoint_interval=1" in deepspeed(v).text
     assert "recompute" not in megatron(view((3, 5, 7))).text  # none: nothing written
+
+
+def test_a_sharded_plan_writes_each_frameworks_data_parallel_degree():
+    import dataclasses
+
+    from torchtitan.config import ParallelismConfig
+
+    v = dataclasses.replace(view((2, 5, 7)), dp_shard=2)
+    toml_part = torchtitan(v).text.split("# torchtitan >= 0.3")[0]
+    cfg = tomllib.loads(toml_part)
+    par = ParallelismConfig(**cfg["parallelism"])  # torchtitan's own config takes it
+    assert (par.data_parallel_shard_degree, par.pipeline_parallel_microbatch_size) == (2, 1)
+    assert cfg["training"]["local_batch_size"] == 4
+    m = megatron(v).text
+    assert "--use-distributed-optimizer" in m and "--micro-batch-size 1" in m and "--global-batch-size 8" in m
+    d = deepspeed(v)
+    assert d.unexpressible is not None and "ZeRO stage 1 at most" in d.unexpressible

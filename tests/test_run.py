@@ -157,6 +157,11 @@ def test_a_bad_plan_field_is_one_line_naming_field_value_and_type(tmp_path, caps
      "--recompute 'lots' is not a recomputation: use none, full, or one count of blocks per stage"),
     (["--stages", "2", "--policy", "uniform", "--mode", "train", "--recompute", "1,1,1"],
      "--recompute 1,1,1 gives 3 counts for 2 stages"),
+    (["--split-points", "blocks.2", "--dp-shard", "2"],
+     "--dp-shard 2 shards training state (weights, gradients, optimizer state); forward-only runs are not sharded"),
+    (["--split-points", "blocks.2", "--dp-shard", "2", "--mode", "train", "--chunks", "8"],
+     "batch size 8 does not split into 2 replicas x 8 chunks"),
+    (["--split-points", "blocks.2", "--dp-shard", "2", "--backend", "pippy"], "--dp-shard 2 runs on the torch backend"),
     (["--split-points", "blocks.2", "--mode", "train", "--recompute", "3,0"],
      "--recompute asks stage 0 to recompute 3 blocks, but it holds 2: give at most 2,2"),
 ])

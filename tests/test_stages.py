@@ -6,7 +6,8 @@ from torch.distributed.pipelining import pipeline
 
 from pipeline.models.batch import example_input
 from pipeline.models.build import build_model
-from pipeline.stage.build import _fresh, contiguous_receives
+from pipeline.stage.build import _fresh
+from pipeline.stage.patches import contiguous_receives
 
 
 def test_a_strided_value_crossing_a_cut_gets_a_contiguous_receive_buffer(tiny_spec):

@@ -144,7 +144,12 @@ def _rank(plan: SplitPlan, r: int, *, w: int, out_sum: int, out_max: Sequence[in
     what a recomputed block holds once more while its forward runs again."""
     train = plan.mode == "train"
     state = 1 + OPTIMIZER_STATES.get(plan.optimizer, 2) if train else 0
-    micro = max(1, plan.model.batch_size // plan.chunks)
+    d = plan.dp_shard
+    micro = max(1, plan.model.batch_size // (plan.chunks * d))
+    if d > 1:  # FSDP2: a D-th of the weights, gradients and optimizer state; the stage gathered while it computes
+        act = out_sum * micro * in_flight(plan, r) + transient * micro  # (and its gradients before reduce-scatter)
+        return RankMemory(rank=r, weights=w // d + w, train_state=(w // d) * state + w, activations=act,
+                          runtime=runtime)
     if train:
         act = out_sum * micro * in_flight(plan, r) + transient * micro
     else:  # a stage's input and output per microbatch

@@ -174,6 +174,10 @@ class SplitPlan:
     recompute: Recompute = "none"
     """Training: activation recomputation, ``none``, ``full`` or how many of its first blocks each stage
     recomputes, in stage order (``pipeline.core.recompute``); forward-only plans have none."""
+    dp_shard: int = 1
+    """Training: the pipeline inside sharded data parallel, ``ranks x dp_shard`` processes on a (``pp``,
+    ``dp_shard``) mesh, each stage ``fully_shard``ed over its ``dp_shard`` group, each replica running the
+    pipeline on its share of the batch (``pipeline.stage.mesh``)."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "split_points", tuple(self.split_points))
@@ -203,6 +207,19 @@ class SplitPlan:
             raise PipesplitError(why)
         if self.device not in DEVICES:
             raise PipesplitError(f"device {self.device!r} is unknown: use cpu or cuda")
+        if self.dp_shard < 1:
+            raise PipesplitError(f"--dp-shard must be a positive integer (got {self.dp_shard})")
+        if self.dp_shard > 1:
+            if self.backend != "torch":
+                raise PipesplitError(f"--dp-shard {self.dp_shard} runs on the torch backend (FSDP2 shards the stages "
+                                     "torch.distributed.pipelining builds): use --backend torch")
+            if self.mode != "train":
+                raise PipesplitError(f"--dp-shard {self.dp_shard} shards training state (weights, gradients, optimizer "
+                                     "state); forward-only runs are not sharded here: use --mode train, or --dp-shard 1")
+            if self.model.batch_size % (self.dp_shard * self.chunks):
+                raise PipesplitError(f"batch size {self.model.batch_size} does not split into {self.dp_shard} replicas "
+                                     f"x {self.chunks} chunks: use a batch size that is a multiple of "
+                                     f"{self.dp_shard * self.chunks}, or fewer chunks")
         if self.threads_per_stage < 1:
             raise PipesplitError(f"threads per stage must be a positive integer (got {self.threads_per_stage})")
         seen: set[tuple[str, str]] = set()
@@ -218,8 +235,13 @@ class SplitPlan:
 
     @property
     def ranks(self) -> int:
-        """Processes the plan runs on: one per stage, or one per ``stages_per_rank`` stages."""
+        """The pipeline's ranks: one per stage, or one per ``stages_per_rank`` stages (per data-parallel replica)."""
         return self.stages // self.stages_per_rank
+
+    @property
+    def world(self) -> int:
+        """Processes the plan runs on: the pipeline's ranks times its data-parallel replicas (``dp_shard``)."""
+        return self.ranks * self.dp_shard
 
     def rank_stages(self, rank: int) -> tuple[int, ...]:
         """The stage indices ``rank`` holds: round-robin (rank, rank + ranks, ...), or in a V for V-schedules."""
@@ -239,6 +261,7 @@ class SplitPlan:
     def describe(self) -> str:
         cuts = ", ".join(p.fqn if p.kind == "BEGINNING" else f"{p.fqn}:END" for p in self.split_points) or "(none)"
         rc = f", recompute {describe(self.recompute)}" if self.recompute != "none" else ""
+        rc += f", dp_shard {self.dp_shard}" if self.dp_shard > 1 else ""
         train = f", training ({self.optimizer}{rc})" if self.mode == "train" else ""
         return (f"{self.layout()} cut at [{cuts}], chunks {self.chunks}, {self.backend}/{self.schedule}{train}")
 
@@ -262,6 +285,7 @@ class SplitPlan:
             "threads_per_stage": self.threads_per_stage,
             "mode": self.mode,
             **({"optimizer": self.optimizer, "recompute": to_json(self.recompute)} if self.mode == "train" else {}),
+            **({"dp_shard": self.dp_shard} if self.dp_shard > 1 else {}),
         }
 
     @classmethod
@@ -301,6 +325,7 @@ class SplitPlan:
             mode=read(d, "mode", str, "infer"),
             optimizer=read(d, "optimizer", str, "adamw"),
             recompute=d.get("recompute", "none"),
+            dp_shard=read(d, "dp_shard", int, 1),
         )
         _check_counts(d, version, plan)
         return plan

@@ -42,6 +42,8 @@ class PlanView:
     segment_elements: tuple[int, ...] = ()
     recompute: tuple[int, ...] = ()
     """Training: the layers each stage recomputes (empty: none)."""
+    dp_shard: int = 1
+    """Data-parallel replicas, each stage sharded over them (FSDP2 / ZeRO-3)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -96,7 +98,9 @@ def torchtitan(view: PlanView) -> Exported:
     cuts, why = _expressible(view, view.stack.whole_cuts(), "the embedding, a layer or the norm + head, which "
                              "torchtitan keeps whole")
     parts = _stage_items(view.stack, cuts, titan=True)
-    micro = view.batch_size // view.chunks
+    d = view.dp_shard
+    micro = view.batch_size // (view.chunks * d)
+    local = view.batch_size // d
     lists = json.dumps(parts)
     pre = ", ".join(view.names[:view.stack.pre]) or "-"
     names = (f"# module names as torchtitan's Llama calls them: tok_embeddings = {pre}; "
@@ -104,15 +108,17 @@ def torchtitan(view: PlanView) -> Exported:
     toml = "\n".join([
         "# torchtitan <= 0.2: the job config TOML (--job.config_file)", "[parallelism]",
         f"pipeline_parallel_degree = {view.ranks}", f'pipeline_parallel_schedule = "{view.schedule}"',
-        f"pipeline_parallel_microbatch_size = {micro}", f"module_fqns_per_model_part = {lists}", "",
-        "[training]", f"local_batch_size = {view.batch_size}  # {view.chunks} microbatches of {micro}"])
+        f"pipeline_parallel_microbatch_size = {micro}", f"module_fqns_per_model_part = {lists}",
+        *([f"data_parallel_shard_degree = {d}"] if d > 1 else []), "",
+        "[training]", f"local_batch_size = {local}  # {view.chunks} microbatches of {micro}"
+        + (f" per replica, {d} replicas: a global batch of {view.batch_size}" if d > 1 else "")])
     py = "\n".join([
         "# torchtitan >= 0.3: in your config_registry function's Trainer.Config",
         "from torchtitan.config import ParallelismConfig, TrainingConfig", "",
         "parallelism = ParallelismConfig(", f"    pipeline_parallel_degree={view.ranks},",
         f'    pipeline_parallel_schedule="{view.schedule}",', f"    pipeline_parallel_microbatch_size={micro},",
-        f"    module_fqns_per_model_part={lists},", ")",
-        f"training = TrainingConfig(local_batch_size={view.batch_size})  # {view.chunks} microbatches of {micro}"])
+        f"    module_fqns_per_model_part={lists},", *([f"    data_parallel_shard_degree={d},"] if d > 1 else []), ")",
+        f"training = TrainingConfig(local_batch_size={local})  # {view.chunks} microbatches of {micro}"])
     rc = f"\n{torchtitan_recompute(view.stack, cuts, view.recompute)}\n" if any(view.recompute) else ""
     return Exported(text=f"{names}\n\n{toml}\n\n{py}\n{rc}", unexpressible=why, cuts=cuts)
 
@@ -142,7 +148,10 @@ def megatron(view: PlanView) -> Exported:
     layout = "|".join(_letters(s) for s in _stage_items(view.stack, cuts, titan=False))
     flags = [f"--pipeline-model-parallel-size {view.ranks}", f"--num-layers {view.stack.layers}",
              f'--pipeline-model-parallel-layout "{layout}"',
-             f"--micro-batch-size {view.batch_size // view.chunks}", f"--global-batch-size {view.batch_size}"]
+             f"--micro-batch-size {view.batch_size // (view.chunks * view.dp_shard)}",
+             f"--global-batch-size {view.batch_size}"]
+    if view.dp_shard > 1:  # Megatron's data-parallel size is the world over the model-parallel sizes
+        flags.append("--use-distributed-optimizer")
     rc = megatron_recompute(view.stack, cuts, view.recompute) if any(view.recompute) else []
     flags += [f for f in rc if not f.startswith("#")]
     note = (f"# {view.per_rank} virtual stages per rank (interleaved 1F1B), read from the layout's "
@@ -150,6 +159,9 @@ def megatron(view: PlanView) -> Exported:
     note += (f"# E: the embedding ({', '.join(view.names[:view.stack.pre]) or '-'}), t: a decoder layer "
              f"({view.stack.prefix}.<i>), L: the output layer and loss ({', '.join(view.names[view.stack.end:]) or '-'})\n")
     note += "".join(f"{line}\n" for line in rc if line.startswith("#"))
+    if view.dp_shard > 1:
+        note += (f"# run on {view.ranks * view.dp_shard} GPUs: data-parallel size {view.dp_shard}, the optimizer state "
+                 "sharded over it (--use-distributed-optimizer; Megatron-FSDP shards weights and gradients too)\n")
     return Exported(text=note + " \\\n    ".join(flags) + "\n", unexpressible=why, cuts=cuts)
 
 
@@ -163,6 +175,10 @@ def deepspeed(view: PlanView, parameters_parts: Sequence[int] | None = None,
                     "ranks are written as that many PipelineModule stages (num_stages)")
     if view.schedule not in ("GPipe", "1F1B"):
         why = _also(why, f"DeepSpeed has no {view.schedule} schedule: its engine runs its own 1F1B (TrainSchedule)")
+    if view.dp_shard > 1:
+        why = _also(why, f"DeepSpeed's pipeline engine runs with ZeRO stage 1 at most: over {view.dp_shard} data-parallel "
+                    "replicas it shards the optimizer state, not the weights and gradients this plan shards, so each "
+                    "rank holds its whole stage's weights and gradients")
     starts = [0, *view.stack.item_cuts()]
     parts = [0, *(starts.index(c) for c in cuts), len(starts)]
     stages = len(parts) - 1
@@ -170,7 +186,7 @@ def deepspeed(view: PlanView, parameters_parts: Sequence[int] | None = None,
               *view.names[view.stack.end:]]
     head = (f"# PipelineModule(layers=[...]) with one entry per layer, in this order ({len(layers)}):\n"
             f"#   {', '.join(layers)}\nparts = {parts}  # stage s builds layers[parts[s]:parts[s + 1]]\n")
-    config = (f'# ds_config: "train_micro_batch_size_per_gpu": {view.batch_size // view.chunks}, '
+    config = (f'# ds_config: "train_micro_batch_size_per_gpu": {view.batch_size // (view.chunks * view.dp_shard)}, '
               f'"gradient_accumulation_steps": {view.chunks}  ({view.chunks} microbatches per step)\n')
     if any(view.recompute):
         config += deepspeed_recompute(view.stack, cuts, view.recompute)

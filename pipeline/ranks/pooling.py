@@ -67,9 +67,10 @@ class RunsTrials:
 
 def check_trial_args(plan: SplitPlan, stages: int, device: str, opts: TrialOptions) -> None:
     """Refuse a plan this pool cannot run, or options it cannot use, in one line."""
-    if plan.ranks != stages:
+    if plan.world != stages:
         per = f" ({plan.stages_per_rank} per rank)" if plan.stages_per_rank > 1 else ""
-        raise PipesplitError(f"plan runs on {plan.ranks} ranks{per} but the pool has {stages}: start a pool per rank count")
+        per += f" x dp_shard {plan.dp_shard}" if plan.dp_shard > 1 else ""
+        raise PipesplitError(f"plan runs on {plan.world} ranks{per} but the pool has {stages}: start a pool per rank count")
     if plan.device != device:
         raise PipesplitError(f"plan is for {plan.device} but the pool runs on {device}")
     if opts.repeats < 1 or opts.warmup < 0:

@@ -10,7 +10,6 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-import torch.fx as fx
 from torch import nn
 
 from pipeline.core.errors import one_line
@@ -21,7 +20,9 @@ from pipeline.models.kept import KeptTensors
 from pipeline.models.meta import MetaModel
 from pipeline.models.traces import TraceCache
 from pipeline.models.weights import empty_copy, materialise_module, module_tensors, whole_model
-from pipeline.stage.recompute import apply_recompute
+from pipeline.stage.mesh import MeshView, local_bytes, shard_stage
+from pipeline.stage.patches import _contiguous, _no_self_warmup, contiguous_receives, use_codegen
+from pipeline.stage.recompute import apply_recompute, stage_blocks
 from pipeline.stage.reference import GC_BYTES, trim_heap
 from pipeline.stage.skips import free_of_grad, grad_needs
 from pipeline.stage.training import aliases, loss_fn, make_optimizer, tied_grads
@@ -76,73 +77,6 @@ def _fresh(model: nn.Module) -> nn.Module:
     return copy.deepcopy(model)
 
 
-def _contiguous(mod: nn.Module, args: Any, out: Any) -> Any:
-    """Stage outputs go out through send(), which needs contiguous tensors; a cut before a ViT head
-    sends ``x[:, 0]``, a strided view ("input tensor has to be contiguous" from gloo otherwise)."""
-    from torch.utils._pytree import tree_map
-
-    return tree_map(lambda t: t.contiguous() if isinstance(t, torch.Tensor) else t, out)
-
-
-def contiguous_receives(split_gm: Any) -> int:
-    """Make every stage input that is received from another stage a contiguous buffer; returns how many.
-
-    torch's pipelining allocates each receive buffer with the strides the trace saw (``empty_strided`` of
-    the placeholder's ``meta["val"]``); a value that crosses a cut as a strided view (a ViT's ``x[:, 0]``
-    before ``head``, a ConvNeXt activation after its NCHW->NHWC permute, at a BEGINNING or an END cut)
-    would arrive in a non-contiguous buffer, which gloo refuses ("input tensor has to be contiguous").
-    The sender's outputs are made contiguous (``_contiguous``); so are the buffers here, and, for training,
-    the outputs' recorded strides, from which torch allocates the buffer the gradient comes back into.
-    Eager stage code does not depend on the strides of its inputs.
-    """
-    changed = 0
-    for sub in split_gm.children():
-        graph = getattr(sub, "graph", None)
-        if graph is None:
-            continue
-        outputs: set[Any] = set()
-        for node in graph.nodes:
-            if node.op == "output":
-                fx.node.map_arg(node.args, outputs.add)
-        for node in graph.nodes:
-            val = node.meta.get("val") if node.op == "placeholder" or node in outputs else None
-            if isinstance(val, torch.Tensor) and not val.is_contiguous():
-                node.meta["val"] = torch.empty(val.shape, dtype=val.dtype, device="meta")
-                changed += 1
-    return changed
-
-
-def use_codegen(module: nn.Module) -> None:
-    """Run unflattened stage modules as generated code, not node by node through ``fx.Interpreter``.
-
-    torch's unflatten builds ``InterpreterModule``s that interpret their graph in Python by default; on a
-    tiny DeiT stage that made compute ~4x slower than torchpippy's GraphModules (measured here).
-    """
-    for m in module.modules():
-        if hasattr(m, "_run_with_interpreter") and not _names_self(m):
-            m._run_with_interpreter = False  # type: ignore[assignment]
-
-
-def _names_self(module: nn.Module) -> bool:
-    """Whether generated code for ``module`` would rebind ``self``: a submodule called ``self`` (BERT's
-    ``attention.self``) becomes a graph value named ``self``; such a module stays interpreted."""
-    graph = getattr(module, "graph", None)
-    return graph is not None and any(node.name == "self" for node in graph.nodes)
-
-
-def _no_self_warmup(stage: Any) -> None:
-    """A V-schedule puts neighbouring stages on one rank (rank 1 of 2 holds stages 1 and 2): torch 2.14's
-    warm-up for stages built from a traced pipe still exchanges a dummy tensor with that neighbour, a
-    send to itself that gloo refuses ("Pair is not connected"); the runtime passes same-rank activations
-    directly, so only the warm-up ops with a peer on this rank are dropped."""
-    warmup = stage._get_init_p2p_neighbors_ops
-
-    def ops() -> list[Any]:
-        return [op for op in warmup() if op.group_peer != stage.group_rank]
-
-    stage._get_init_p2p_neighbors_ops = ops
-
-
 def name_in(meta: MetaModel) -> Callable[[str], str]:
     """A stage tensor's name in the model: torch's split keeps the model's names; a tied copy goes by its
     first name (GPT-2's ``lm_head.weight`` is ``transformer.wte.weight``), as its gradient is checked."""
@@ -171,7 +105,8 @@ def _split_real(meta: MetaModel, mb: Batch, spec: dict[str, Any]) -> Any:
 
 def _build_torch(plan: SplitPlan, meta: MetaModel, x: Batch, rank: int, device: torch.device,
                  group: dist.ProcessGroup | None, traces: TraceCache | None = None,
-                 target: torch.Tensor | None = None, kept: KeptTensors | None = None) -> BuiltStage:
+                 target: torch.Tensor | None = None, kept: KeptTensors | None = None,
+                 mesh: MeshView | None = None) -> BuiltStage:
     from torch.distributed.pipelining import SplitPoint, pipeline
     from torch.distributed.pipelining.schedules import get_schedule_class
 
@@ -197,7 +132,10 @@ def _build_torch(plan: SplitPlan, meta: MetaModel, x: Batch, rank: int, device: 
         raise RuntimeError(f"tracing produced {pipe.num_stages} stages, the plan has {plan.stages}")
     contiguous_receives(pipe.split_gm)
     order = first_stage_order(pipe.split_gm)
-    held = plan.rank_stages(rank)
+    held = plan.rank_stages(mesh.pp_rank if mesh is not None else rank)
+    if mesh is not None:
+        group = mesh.pp_group
+        blocks = _blocks_or_none([pipe.get_stage_module(i) for i in range(pipe.num_stages)])
     name_of = name_in(meta)
     needs = grad_needs(pipe.split_gm) if train else {}
     if kept is not None:  # what the last plan left this rank and this one does not use goes before anything is made
@@ -212,6 +150,9 @@ def _build_torch(plan: SplitPlan, meta: MetaModel, x: Batch, rank: int, device: 
         own += materialise_module(real, meta, device, name_of, train=train, kept=kept)
         reused += kept.reused_bytes if kept is not None else 0
         setattr(pipe.split_gm, target_name, real)
+        if mesh is not None:  # FSDP2 over the stage's dp_shard group, before torch's stage wraps it
+            shard_stage(real, blocks[i] if blocks else (), mesh.dp_mesh)
+            own -= sum(t.numel() * t.element_size() for t in real.parameters()) - local_bytes(list(real.parameters()))
         try:
             built.append(pipe.build_stage(i, device, group))
             if target_name in needs:  # the rotary cos/sin a Llama sends to every later stage carry no gradient
@@ -244,7 +185,8 @@ def _build_torch(plan: SplitPlan, meta: MetaModel, x: Batch, rank: int, device: 
         return tuple(inp[i] for i in order) if first and inp is not None else ()
 
     if train:
-        built_stage = _trainer(plan, meta.module, modules, schedule, args, last, target)
+        built_stage = _trainer(plan, meta.module, modules, schedule, args, last, target,
+                               mesh.pp_group if mesh is not None else None)
     else:
         def step(inp: Batch | None) -> Any:
             return schedule.step(*args(inp))
@@ -254,6 +196,14 @@ def _build_torch(plan: SplitPlan, meta: MetaModel, x: Batch, rank: int, device: 
     built_stage.split_gm = split_gm
     built_stage.own_bytes, built_stage.reused_bytes = own, reused
     return built_stage
+
+
+def _blocks_or_none(stages: list[nn.Module]) -> list[list[str]] | None:
+    """Each stage's stack blocks (FSDP2 shards each as a unit), or None for a model without one stack."""
+    try:
+        return stage_blocks(stages)
+    except RuntimeError:
+        return None
 
 
 def _record(stage: Any, log: WorkLog) -> None:
@@ -283,7 +233,7 @@ def _record(stage: Any, log: WorkLog) -> None:
 
 def _trainer(plan: SplitPlan, model: nn.Module, modules: list[nn.Module], schedule: Any,
              args: Callable[[Batch | None], tuple[torch.Tensor, ...]], last: bool,
-             target: torch.Tensor | None) -> BuiltStage:
+             target: torch.Tensor | None, group: Any = None) -> BuiltStage:
     """A stage whose ``step`` runs the schedule's forwards and backwards (the loss where the last stage is) and
     sums tied parameters' gradients across stages, and whose ``update`` steps its own optimizer."""
     if last and target is None:
@@ -291,7 +241,7 @@ def _trainer(plan: SplitPlan, model: nn.Module, modules: list[nn.Module], schedu
     names = aliases(model)
     params = [(names.get(n, n), p) for m in modules for n, p in m.named_parameters()]
     optimizer = make_optimizer(plan.optimizer, [p for _, p in params])
-    sum_tied = tied_grads(params, plan.ranks)
+    sum_tied = tied_grads(params, plan.ranks, group, sharded=plan.dp_shard > 1)
 
     def step(inp: Batch | None) -> Any:
         optimizer.zero_grad(set_to_none=True)
@@ -364,10 +314,11 @@ def _explained(built: BuiltStage, plan: SplitPlan) -> BuiltStage:
 
 def build_stage(plan: SplitPlan, meta: MetaModel, x: Batch, rank: int, device: torch.device,
                 group: dist.ProcessGroup | None = None, traces: TraceCache | None = None,
-                target: torch.Tensor | None = None, kept: KeptTensors | None = None) -> BuiltStage:
+                target: torch.Tensor | None = None, kept: KeptTensors | None = None,
+                mesh: MeshView | None = None) -> BuiltStage:
     """Cut the model on meta (never modified) at the plan's cuts and make this rank's stages real; on the
     torch backend from the worker's cached export (``traces``) where it marks the plan's cuts, and taking the
     tensors an earlier trial left in ``kept``. A training plan's last rank takes the loss's ``target``."""
     if plan.backend == "torch":
-        return _explained(_build_torch(plan, meta, x, rank, device, group, traces, target, kept), plan)
+        return _explained(_build_torch(plan, meta, x, rank, device, group, traces, target, kept, mesh), plan)
     return _explained(_build_pippy(plan, meta, x, rank, device, group), plan)

@@ -20,6 +20,7 @@ from pipeline.models.fake import fake_model
 from pipeline.models.meta import MetaModel
 from pipeline.models.weights import whole_model
 from pipeline.stage.build import BuiltStage, name_in
+from pipeline.stage.mesh import MeshView, full_grads
 from pipeline.stage.messages import ErrorReply
 from pipeline.stage.rank import RankState
 from pipeline.stage.reference import streamed_output, streamed_step
@@ -139,30 +140,38 @@ def _ratio(v: tuple[float, float, str, str]) -> float:
 
 
 def check_step(state: RankState, plan: SplitPlan, stage: BuiltStage, losses: Any, meta: MetaModel, x: Batch,
-                target: torch.Tensor) -> tuple[float, float, str, OutputCheck]:
+                target: torch.Tensor, mesh: MeshView | None = None) -> tuple[float, float, str, OutputCheck]:
     """(difference, tolerance, what differs, what was compared) of the worst of the pipeline step's loss and
     every rank's gradients against the serial step from the same weights (streamed, this rank's gradients
-    kept), the same on every rank."""
+    kept), the same on every rank. On a mesh (``mesh``) the step is the global batch's: each sharded gradient
+    is gathered whole and compared, and the loss is the mean of the replicas' (each its share's mean)."""
     names = frozenset(n for n, _ in stage.params)
     every_name = frozenset(n for n, _ in meta.module.named_parameters())
     # every gradient is kept where they are small (the study then makes its reference once); else this stage's
     want = every_name if meta.nbytes(every_name) <= ALL_GRADS_BYTES else names
-    ref, made = state.reference(plan.model, names, lambda: streamed_step(stage.split_gm, meta, x, target, plan.chunks,
+    # the traced microbatch is a replica's: the reference runs the global batch in microbatches of that size
+    chunks = plan.chunks * plan.dp_shard
+    ref, made = state.reference(plan.model, names, lambda: streamed_step(stage.split_gm, meta, x, target, chunks,
                                                                          state.device, want, name_in(meta)))
     rtol = 1e-3 if plan.model.dtype == "float32" else 5e-2
-    worst = check_grads(stage.params, ref, rtol)
+    worst = check_grads(full_grads(stage.params) if mesh is not None else stage.params, ref, rtol)
     grad = (worst.diff, worst.tol, f"gradient of {worst.name} differs from the unsplit model's", worst.name)
-    loss = None
-    if state.rank == plan.last_rank:
-        got = float(torch.stack([v.detach().float() for v in losses]).mean()) if losses else float("nan")
-        ltol = rtol * max(1.0, abs(ref.loss))
-        loss = (abs(got - ref.loss), ltol, f"loss {got:.6g} differs from the unsplit model's {ref.loss:.6g}", "loss")
+    mine = None
+    pp_rank = mesh.pp_rank if mesh is not None else state.rank
+    if pp_rank == plan.last_rank:
+        mine = float(torch.stack([v.detach().float() for v in losses]).mean()) if losses else float("nan")
     every: list[Any] = [None] * state.world
-    dist.all_gather_object(every, (grad, loss, len(stage.params), made))
+    dist.all_gather_object(every, (grad, mine, len(stage.params), made))
     worst_grad = max((g for g, _, n, _ in every if n), key=_ratio, default=grad)  # ranks whose stage has parameters
-    last = next((lo for _, lo, _, _ in every if lo is not None), None)
+    got_all = [m for _, m, _, _ in every if m is not None]  # one per replica
+    last = None
+    if got_all:
+        got = sum(got_all) / len(got_all)
+        last = (abs(got - ref.loss), rtol * max(1.0, abs(ref.loss)),
+                f"loss {got:.6g} differs from the unsplit model's {ref.loss:.6g}", "loss")
     diff, tol, what, _ = max([worst_grad] + ([last] if last else []), key=_ratio)
-    check = OutputCheck(compared="loss and gradients", gradients=sum(n for _, _, n, _ in every), worst=worst_grad[3],
+    check = OutputCheck(compared="loss and gradients", gradients=sum(n for _, _, n, _ in every) // plan.dp_shard,
+                        worst=worst_grad[3],
                         diff=float(worst_grad[0]), tolerance=float(worst_grad[1]),
                         loss_diff=float(last[0]) if last else None, loss_tolerance=float(last[1]) if last else None,
                         reference_made=any(m for _, _, _, m in every))

@@ -27,10 +27,11 @@ from pipeline.models.candidates import Candidates
 from pipeline.models.fake import fake_copies_allowed, fake_model, module_copy
 from pipeline.models.meta import MetaModel
 from pipeline.models.weights import empty_copy, materialise_module
-from pipeline.stage.build import name_in, use_codegen
+from pipeline.stage.build import name_in
 from pipeline.stage.costs import SavedBytes, backward_times, optimizer_time, saved_bytes
 from pipeline.stage.instrument import Peak
 from pipeline.stage.messages import SegmentReply
+from pipeline.stage.patches import use_codegen
 from pipeline.stage.reference import release
 
 __all__ = ["crossing_bytes", "stage_targets", "time_streamed", "timed_repeats", "trace_all_cuts"]

@@ -102,11 +102,14 @@ class SerialTrainer:
         self.optimizer.step()
 
 
-def tied_grads(named: list[tuple[str, nn.Parameter]], world: int) -> Callable[[], None]:
+def tied_grads(named: list[tuple[str, nn.Parameter]], world: int, group: dist.ProcessGroup | None = None,
+               sharded: bool = False) -> Callable[[], None]:
     """A call that gives every copy of a tied parameter (GPT-2's ``lm_head.weight`` is ``transformer.wte.weight``)
     the sum of all copies' gradients: torch's pipelining replicates such a parameter, on one stage or on
     several, and accumulates each copy's gradient apart, so the copies would drift apart under the optimizer.
-    The ranks agree on which names are shared on the first call (every rank makes it), once per stage."""
+    The ranks agree on which names are shared on the first call (every rank makes it), once per stage; ``group``:
+    the pipeline's ranks (one replica's, on a mesh), ``world`` of them. Sharded stages (``--dp-shard``) with tied
+    parameters are refused in one line: their gradients are shards, not summed here yet."""
     groups: dict[str, list[nn.Parameter]] = {}
     for n, p in named:
         groups.setdefault(n, []).append(p)
@@ -117,7 +120,7 @@ def tied_grads(named: list[tuple[str, nn.Parameter]], world: int) -> Callable[[]
     def agree() -> None:
         every: list[dict[str, tuple[tuple[int, ...], str]] | None] = [None] * world
         dist.all_gather_object(every, {n: (tuple(ps[0].shape), str(ps[0].dtype).removeprefix("torch."))
-                                       for n, ps in groups.items()})
+                                       for n, ps in groups.items()}, group=group)
         counts: dict[str, int] = {}
         meta: dict[str, tuple[tuple[int, ...], str]] = {}
         for rank_names in every:
@@ -127,6 +130,9 @@ def tied_grads(named: list[tuple[str, nn.Parameter]], world: int) -> Callable[[]
         shared = sorted(n for n, c in counts.items() if c > 1)  # the same order on every rank: one all_reduce each
         local = sorted(n for n, ps in groups.items() if len(ps) > 1 and counts[n] == 1)
         agreed.extend((n, *meta[n], n in shared) for n in shared + local)
+        if agreed and sharded:
+            raise PipesplitError(f"tied parameters ({', '.join(n for n, *_ in agreed)}) are not summed across sharded "
+                                 "stages yet: use --dp-shard 1 for this model")
 
     def run() -> None:
         nonlocal started
@@ -140,7 +146,7 @@ def tied_grads(named: list[tuple[str, nn.Parameter]], world: int) -> Callable[[]
                 if p.grad is not None:
                     total += p.grad
             if shared:
-                dist.all_reduce(total)
+                dist.all_reduce(total, group=group)
             for p in ps:
                 p.grad = total.clone()
 

@@ -32,6 +32,7 @@ from pipeline.models.weights import whole_model
 from pipeline.stage.build import BuiltStage, build_stage, other_backend
 from pipeline.stage.checks import check_output, check_step, loss_target, mismatch, reference_first
 from pipeline.stage.instrument import CommClock, CommSpan, ComputeClock, Span, hook_pippy_p2p, quiet_stderr, since
+from pipeline.stage.mesh import mesh_view, replica_rows
 from pipeline.stage.messages import ErrorReply, TrialOptions, TrialReply
 from pipeline.stage.rank import RankState
 from pipeline.stage.reference import release
@@ -65,9 +66,12 @@ def run_trial(state: RankState, plan: SplitPlan, opts: TrialOptions) -> TrialRep
     stage: BuiltStage | None = None
     train = plan.mode == "train"
     target = None
+    mesh = mesh_view(rank, plan.ranks, plan.dp_shard, state.device) if plan.dp_shard > 1 else None
+    pp_rank = mesh.pp_rank if mesh is not None else rank
     try:
         meta = state.model(plan.model)
         x = example_input(plan.model, state.device)
+        xs = replica_rows(x, mesh.dp_rank, mesh.dp_shard) if mesh is not None else x
         if train:
             target = loss_target(plan, meta, x)
         elif rank == plan.last_rank and plan.backend == "torch" and plan.model.key not in state.refs:
@@ -77,9 +81,11 @@ def run_trial(state: RankState, plan: SplitPlan, opts: TrialOptions) -> TrialRep
             # a training step changes its parameters in place (nothing of them is kept), and torchpippy builds
             # the whole model its own way: what the last stage left goes before this one is built
             state.weights.clear()
-        stage = kept[1] if kept is not None else build_stage(plan, meta, x, rank, state.device,
+        mine = replica_rows(target, mesh.dp_rank, mesh.dp_shard) if mesh is not None and target is not None else target
+        stage = kept[1] if kept is not None else build_stage(plan, meta, xs, rank, state.device,
                                                              traces=state.traces if opts.cached_trace else None,
-                                                             target=target, kept=state.weights if reuse else None)
+                                                             target=mine, kept=state.weights if reuse else None,
+                                                             mesh=mesh)
     except Exception as e:  # noqa: BLE001 - reported as the trial's reason
         cuts = ", ".join(plan.split_spec())
         error = (f"rank {rank} could not build its stage for cuts [{cuts}]: {one_line(e)}"
@@ -99,7 +105,8 @@ def run_trial(state: RankState, plan: SplitPlan, opts: TrialOptions) -> TrialRep
         hook_pippy_p2p(stage.runtime, comm, rank, state.world)
     else:
         state.comm = comm
-    last = rank == plan.last_rank
+    last = pp_rank == plan.last_rank
+    inp = xs if pp_rank == 0 else None  # what this rank's stage takes: its replica's batch on a first stage
     serial_threads = plan.threads_per_stage * state.world if state.device.type == "cpu" else None
     serial: list[float] = []
     serial_all: list[float] = []
@@ -128,12 +135,12 @@ def run_trial(state: RankState, plan: SplitPlan, opts: TrialOptions) -> TrialRep
     try:
         with torch.set_grad_enabled(train):
             if not checked and (train or not opts.check_first_repeat):
-                y = stage.step(x if rank == 0 else None)
+                y = stage.step(inp)
                 state.sync()
                 out_bytes = 0 if last else clock.out_bytes
                 if train:
                     assert target is not None
-                    diff, tol, what, check = check_step(state, plan, stage, y, meta, x, target)
+                    diff, tol, what, check = check_step(state, plan, stage, y, meta, x, target, mesh)
                     if stage.update is not None:
                         stage.update()
                 else:
@@ -146,7 +153,7 @@ def run_trial(state: RankState, plan: SplitPlan, opts: TrialOptions) -> TrialRep
                     return mismatch(rank, diff, tol, what)
             t_checked = time.perf_counter()
             for _ in range(opts.warmup):
-                _pipeline_once(state, stage, x, clock)
+                _pipeline_once(state, stage, inp, clock)
             # the serial model stays warm in this worker: warm it up once per model and thread count (a serial
             # trainer is the trial's own, its optimizer state made on its first step: warm it every trial)
             if opts.serial and (train or (plan.model.key, plan.threads_per_stage) not in state.warm):
@@ -163,7 +170,7 @@ def run_trial(state: RankState, plan: SplitPlan, opts: TrialOptions) -> TrialRep
                     serial.append(state.serial(serial_run, None))
                 y = None  # the last run's output goes before this one makes its own
                 state.peak.reset()  # the pipeline's own peak: not the build's, nor the serial model's
-                wall, busy, events, comm_events, t0_abs, y, work = _pipeline_once(state, stage, x, clock, comm)
+                wall, busy, events, comm_events, t0_abs, y, work = _pipeline_once(state, stage, inp, clock, comm)
                 peak, base = max(peak, state.peak.read()), min(base, state.peak.base)
                 work_events = work
                 pipe.append(wall)
@@ -183,7 +190,7 @@ def run_trial(state: RankState, plan: SplitPlan, opts: TrialOptions) -> TrialRep
                     serial_all.append(state.serial(serial_run, serial_threads))
             t_timed = time.perf_counter()
             if opts.trace_dir:
-                trace = _trace(state, stage, x, clock, comm, opts.trace_dir)
+                trace = _trace(state, stage, inp, clock, comm, opts.trace_dir)
             if opts.keep:
                 state.kept = (identity, stage, diff, tol, out_bytes, check)
     finally:
@@ -214,7 +221,7 @@ def _let_go(stage: BuiltStage) -> None:
         release(m)  # a big stage is collected and its heap handed back at once; a small one at the collector's pace
 
 
-def _trace(state: RankState, stage: BuiltStage, x: Batch, clock: ComputeClock, comm: CommClock,
+def _trace(state: RankState, stage: BuiltStage, x: Batch | None, clock: ComputeClock, comm: CommClock,
            folder: str) -> str:
     """One more pipeline run under torch.profiler; its chrome trace (Perfetto opens it) per rank."""
     from torch.profiler import ProfilerActivity, profile
@@ -228,11 +235,12 @@ def _trace(state: RankState, stage: BuiltStage, x: Batch, clock: ComputeClock, c
     return path
 
 
-def _pipeline_once(state: RankState, stage: BuiltStage, x: Batch, clock: ComputeClock, comm: CommClock | None = None
-                   ) -> tuple[float, float, list[Span], list[CommSpan], float, Any, list[CommSpan]]:
-    """One whole batch through the pipeline: (wall time to the last rank's end, own busy time, compute
-    spans, send/recv spans, the run's start on this host's monotonic clock, the output on the last rank,
-    the schedule's actions as (name, start, end) on the same base)."""
+def _pipeline_once(state: RankState, stage: BuiltStage, x: Batch | None, clock: ComputeClock,
+                   comm: CommClock | None = None) -> tuple[float, float, list[Span], list[CommSpan], float, Any,
+                                                           list[CommSpan]]:
+    """One whole batch through the pipeline (``x``: the stage's input on a first stage, else None): (wall time
+    to the last rank's end, own busy time, compute spans, send/recv spans, the run's start on this host's
+    monotonic clock, the output on the last rank, the schedule's actions as (name, start, end) on the same base)."""
     clock.reset()
     if comm is not None:
         comm.reset()
@@ -243,7 +251,7 @@ def _pipeline_once(state: RankState, stage: BuiltStage, x: Batch, clock: Compute
         t0_event = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
         t0_event.record()
     t0 = time.perf_counter()
-    y = stage.step(x if state.rank == 0 else None)
+    y = stage.step(x)
     if stage.update is not None:
         stage.update()
     state.sync()

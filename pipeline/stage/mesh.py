@@ -1,0 +1,93 @@
+"""The pipeline inside sharded data parallel: a (``pp``, ``dp_shard``) device mesh, as torchtitan builds it.
+
+``ranks x dp_shard`` processes; ``pp`` outermost, so rank ``r`` is pipeline rank ``r // D`` of replica ``r % D``
+(torchtitan's ``ParallelDims`` order). Each replica runs the whole pipeline on its ``1/D`` of the batch over
+its own ``pp`` group; each stage is ``fully_shard``ed over its ``dp_shard`` group as torchtitan's
+``apply_fsdp`` does it: every block of the stage's stack, then the stage module, with
+``reshard_after_forward=False`` (under a pipeline the weights stay gathered across a step's microbatches
+instead of being gathered again for every microbatch's backward); gradients are reduce-scattered (averaged
+over the replicas) once, after the last microbatch's backward, which torch's ``PipelineStage`` arranges for
+an FSDP module. The schedule averages its microbatches and FSDP its replicas: the step's gradients are the
+global batch's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from pipeline.models.batch import Batch
+
+__all__ = ["MeshView", "full_grads", "mesh_view", "replica_rows", "shard_stage"]
+
+
+@dataclass
+class MeshView:
+    """Where a rank sits in a plan's mesh, and the groups it talks over."""
+
+    pp_rank: int
+    dp_rank: int
+    dp_shard: int
+    pp_group: Any
+    """The process group of this rank's pipeline (its replica's ranks, one per stage)."""
+    dp_mesh: Any
+    """The one-dimensional ``dp_shard`` mesh of this rank's stage: FSDP2 shards over it."""
+
+
+_MESHES: dict[tuple[str, int, int], Any] = {}
+
+
+def mesh_view(rank: int, ranks: int, dp_shard: int, device: torch.device) -> MeshView:
+    """This rank's place in the (``pp``, ``dp_shard``) mesh of ``ranks`` x ``dp_shard`` processes (every rank of
+    the group calls it at once; a mesh is made once per shape and kept: making its groups is collective)."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    key = (device.type, ranks, dp_shard)
+    if key not in _MESHES:
+        _MESHES[key] = init_device_mesh(device.type, (ranks, dp_shard), mesh_dim_names=("pp", "dp_shard"))
+    mesh = _MESHES[key]
+    return MeshView(pp_rank=rank // dp_shard, dp_rank=rank % dp_shard, dp_shard=dp_shard,
+                    pp_group=mesh["pp"].get_group(), dp_mesh=mesh["dp_shard"])
+
+
+def replica_rows(x: Batch | torch.Tensor, dp_rank: int, dp_shard: int) -> Any:
+    """Replica ``dp_rank``'s share of a batch (or of the loss's target): its contiguous ``1/dp_shard`` of the rows."""
+    if isinstance(x, torch.Tensor):
+        n = x.shape[0] // dp_shard
+        return x[dp_rank * n:(dp_rank + 1) * n]
+    return tuple(replica_rows(t, dp_rank, dp_shard) for t in x)
+
+
+def shard_stage(stage: nn.Module, blocks: Sequence[str], dp_mesh: Any) -> None:
+    """``fully_shard`` each of the stage's stack blocks, then the stage itself, over ``dp_mesh``."""
+    from torch.distributed.fsdp import fully_shard
+
+    for name in blocks:
+        fully_shard(stage.get_submodule(name), mesh=dp_mesh, reshard_after_forward=False)
+    fully_shard(stage, mesh=dp_mesh, reshard_after_forward=False)
+
+
+def local_bytes(params: Sequence[nn.Parameter]) -> int:
+    """Bytes this rank holds of ``params``: its shard of a sharded one, all of any other."""
+    total = 0
+    for p in params:
+        local = p.to_local() if hasattr(p, "to_local") else p
+        total += local.numel() * local.element_size()
+    return total
+
+
+def full_grads(named: Sequence[tuple[str, nn.Parameter]]) -> list[tuple[str, nn.Parameter]]:
+    """Each sharded parameter whole with its whole gradient (gathered over its ``dp_shard`` group: every rank of
+    the group calls this at once, in the same order), to be checked against the unsplit model's."""
+    out = []
+    for name, p in named:
+        full = p.full_tensor() if hasattr(p, "full_tensor") else p
+        whole = nn.Parameter(full.detach(), requires_grad=False)
+        g = p.grad
+        whole.grad = g.full_tensor() if g is not None and hasattr(g, "full_tensor") else g
+        out.append((name, whole))
+    return out
