@@ -32,7 +32,7 @@ from pipeline.models.weights import whole_model
 from pipeline.stage.build import BuiltStage, build_stage, other_backend
 from pipeline.stage.checks import check_output, check_step, loss_target, mismatch, reference_first
 from pipeline.stage.instrument import CommClock, CommSpan, ComputeClock, Span, hook_pippy_p2p, quiet_stderr, since
-from pipeline.stage.mesh import mesh_view, replica_rows
+from pipeline.stage.mesh import MeshView, mesh_view, replica_rows
 from pipeline.stage.messages import ErrorReply, TrialOptions, TrialReply
 from pipeline.stage.rank import RankState
 from pipeline.stage.reference import release
@@ -66,9 +66,12 @@ def run_trial(state: RankState, plan: SplitPlan, opts: TrialOptions) -> TrialRep
     stage: BuiltStage | None = None
     train = plan.mode == "train"
     target = None
-    mesh = mesh_view(rank, plan.ranks, plan.dp_shard, state.device) if plan.dp_shard > 1 else None
-    pp_rank = mesh.pp_rank if mesh is not None else rank
+    mesh: MeshView | None = None
+    pp_rank = rank
     try:
+        if plan.dp_shard > 1:  # every rank makes the mesh's groups at once (a collective), once per shape
+            mesh = mesh_view(rank, plan.ranks, plan.dp_shard, state.device)
+            pp_rank = mesh.pp_rank
         meta = state.model(plan.model)
         x = example_input(plan.model, state.device)
         xs = replica_rows(x, mesh.dp_rank, mesh.dp_shard) if mesh is not None else x
