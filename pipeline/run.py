@@ -226,16 +226,22 @@ def plan_from_args(args: argparse.Namespace) -> SplitPlan:
         cands.validate(plan)
         cands.recompute_counts(plan)
         return plan
-    if (args.policy is None) == (args.split_points is None):
+    plain = args.stages == 1 and (args.dp_shard or 1) > 1  # plain FSDP: the reference a pipeline is compared with
+    if plain and args.split_points is not None:
+        raise PipesplitError("--stages 1 with --dp-shard is plain FSDP, the whole model on every replica: drop "
+                             "--split-points")
+    if not plain and (args.policy is None) == (args.split_points is None):
         raise PipesplitError("say where to cut: give --stages N --policy NAME, or --split-points FQN,..., or --split FILE")
     per_rank = args.stages_per_rank or 1
     if args.policy and args.stages is None:
         raise PipesplitError("--policy needs --stages N (the pipeline's ranks)")
-    if args.stages is not None:
+    if args.stages is not None and not plain:
         check_ranks(args.stages, per_rank)
     spec = spec_from_args(args)
     cands = find_candidates(build_meta_model(spec), spec, args.granularity)
-    if args.policy:
+    if plain:
+        points: tuple[SplitPoint, ...] = ()
+    elif args.policy:
         total = args.stages * per_rank
         cands.check_stages(total, spec.label, per_rank=per_rank)
         points = cands.policy_points(args.policy, total)

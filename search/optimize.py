@@ -40,6 +40,8 @@ examples:
   # resume: run the same command again; --trials is the study's total of measured trials
   python -m search.optimize --stages 2 --trace              # + torch.profiler traces of the best plan
   python -m search.optimize --stages 2 --mode train --schedule all --device-memory 2GiB   # training steps
+  # 4 processes: 4 stages, 2 stages x 2 replicas (FSDP2) or plain FSDP? each degree searched, then compared
+  python -m search.optimize --model hf:llama --ranks 4 --mode train --schedule 1F1B --trials 6
   # training under a budget: each plan recomputes the fewest blocks per stage that fit (--recompute search)
   python -m search.optimize --model hf:llama --stages 4 --mode train --schedule 1F1B --device-memory 1.1GiB
   # a model bigger than one device: plans that fit 4 ranks of 4.75 GiB, ranked by throughput
@@ -72,9 +74,13 @@ def build_parser(prog: str, description: str, epilog: str, *, sweep: bool = Fals
         s.add_argument("--stages", type=int, nargs="+", default=[2, 3, 4, 6],
                        help="rank counts to sweep, one study each (default 2 3 4 6)")
     else:
-        s.add_argument("--stages", type=int, default=4,
+        s.add_argument("--stages", type=int, default=None,
                        help="the pipeline's ranks (default 4), as in every command; with --stages-per-rank V a "
-                       "layout cuts the model into stages x V pieces")
+                       "layout cuts the model into stages x V pieces; with --ranks it pins the pipeline degree")
+        s.add_argument("--ranks", type=int, default=None, metavar="N",
+                       help="training on N processes: search the pipeline degree among N's divisors (stages x "
+                       "dp_shard = N, each stage FSDP2-sharded over its replicas), each degree a study of its own, "
+                       "then every degree's best and plain FSDP re-measured side by side (results/<study>/degrees.md)")
     s.add_argument("--chunks", default=None, help="candidate chunk counts, comma-separated, each dividing the batch "
                    f"(default: those of {','.join(map(str, DEFAULT_CHUNKS))} that divide it)")
     s.add_argument("--trials", type=int, default=None,
@@ -151,7 +157,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         code = follower_exit(args.device, args.threads_per_stage)  # under torchrun, ranks > 0 follow rank 0
         if code is not None:
             return code
-        run = run_study(SearchConfig.from_args(args, args.stages))
+        if args.ranks is not None:
+            from search.degrees import run_degrees
+
+            _, paths = run_degrees(SearchConfig.from_args(args, args.stages or 2), args.ranks, args.stages)
+            for p in paths:
+                print(f"wrote {p}")
+            return 0
+        run = run_study(SearchConfig.from_args(args, args.stages if args.stages is not None else 4))
     except PipesplitError as e:
         print(f"error: {e}", file=sys.stderr)
         release_followers(args.device, args.threads_per_stage)
@@ -200,7 +213,8 @@ def run_study(cfg: SearchConfig, *, references: bool = False) -> StudyRun:
     check_writable(cfg.results_dir, folder=True)
     if cfg.out:
         check_writable(cfg.out)
-    device = resolve_device(cfg.device, cfg.stages)
+    world = cfg.stages * cfg.dp_shard  # every process of the job: the pipeline's ranks times its replicas
+    device = resolve_device(cfg.device, world)
     storage = open_storage(cfg.storage)
     spec = cfg.model.resolve()
     granularity = cfg.model.granularity
@@ -210,16 +224,16 @@ def run_study(cfg: SearchConfig, *, references: bool = False) -> StudyRun:
     check_formats(cfg.export_to, cands.blocks, spec.label)
     stages = cfg.stages
     choice = choose_layouts(cfg.schedules, cfg.stages_per_rank, ranks=stages, mode=cfg.mode,
-                            chunks=choose_chunks(cfg.chunks, spec.batch_size, DEFAULT_CHUNKS),
+                            chunks=choose_chunks(cfg.chunks, spec.batch_size // cfg.dp_shard, DEFAULT_CHUNKS),
                             segments=cands.max_stages)
     chunks = list(choice.chunks)
     first = choice.layouts[0]
     fit = device_fit(cfg.device_memory, meta, cands, spec, ranks=stages, chunks=max(first.chunks),
                      schedule=first.schedule, per_rank=first.per_rank, mode=cfg.mode, optimizer=cfg.optimizer,
                      device=device, backend=cfg.backend, objective=cfg.objective,
-                     recompute=cfg.recompute if cfg.mode == "train" else "none")
+                     recompute=cfg.recompute if cfg.mode == "train" else "none", dp_shard=cfg.dp_shard)
     metric = Metric(name=fit.metric, batch=spec.batch_size)
-    threads = cfg.threads_per_stage or default_threads(stages)
+    threads = cfg.threads_per_stage or default_threads(world)
     trials = cfg.trials or (12 if stages == 2 else 14)
     if cfg.trials is None and cfg.budget_repeats is not None:
         trials = 10**9  # the repeat budget alone limits the study (the space's size bounds it too)
@@ -239,7 +253,8 @@ def run_study(cfg: SearchConfig, *, references: bool = False) -> StudyRun:
               **({"objective": metric.name} if not metric.speedup else {}),
               **({"objectives": [metric.name, "memory"]} if cfg.memory_objective else {}),
               **({"mode": "train", "optimizer": cfg.optimizer} if cfg.mode == "train" else {}),
-              **({"recompute": cfg.recompute} if cfg.mode == "train" and cfg.recompute != "search" else {})}
+              **({"recompute": cfg.recompute} if cfg.mode == "train" and cfg.recompute != "search" else {}),
+              **({"dp_shard": cfg.dp_shard} if cfg.dp_shard > 1 else {})}
     # failed trials are reported in one line by the search loop, not with optuna's traceback
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     # the sampler needs the profile: it replaces this placeholder once the profile is loaded
@@ -265,7 +280,7 @@ def run_study(cfg: SearchConfig, *, references: bool = False) -> StudyRun:
     asked = trials
     confirmation = None
     interrupted = False
-    with open_pool(stages, device=device, threads_per_stage=threads) as pool:
+    with open_pool(world, device=device, threads_per_stage=threads) as pool:
         prof, cached = load_for_stages(spec, stages=stages, device=device, threads=threads, granularity=granularity,
                                        micro_sizes=[spec.batch_size // c for c in chunks],
                                        root=Path(cfg.profiles), repeats=2, pool=pool,
@@ -295,7 +310,7 @@ def run_study(cfg: SearchConfig, *, references: bool = False) -> StudyRun:
         started = time.monotonic()
         ctx = SearchContext(study=study, pool=pool, profile=prof, cands=cands, spec=spec, space=space,
                             threads=threads, backend=cfg.backend, schedule=space.layouts[0].schedule, device=device,
-                            mode=cfg.mode, optimizer=cfg.optimizer, recompute=cfg.recompute,
+                            mode=cfg.mode, optimizer=cfg.optimizer, recompute=cfg.recompute, dp_shard=cfg.dp_shard,
                             least_recompute=fit.least_recompute,
                             repeats=repeats, repeat_cap=cap, budget_repeats=cfg.budget_repeats,
                             trial_timeout_s=cfg.trial_timeout_s, prune=cfg.prune,

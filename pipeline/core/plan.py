@@ -126,7 +126,9 @@ def check_ranks(stages: int, per_rank: int = 1) -> None:
         given = f"--stages {stages}" + (f" with --stages-per-rank {per_rank}" if per_rank > 1 else "")
         ranks = "no rank" if stages < 1 else "one rank"
         raise PipesplitError(f"a pipeline needs at least 2 ranks: {given} is {ranks}; use --stages 2"
-                             + (f" (--stages counts ranks: {2 * per_rank} stages on 2 ranks)" if per_rank > 1 else ""))
+                             + (f" (--stages counts ranks: {2 * per_rank} stages on 2 ranks)" if per_rank > 1 else
+                                " (or --stages 1 --dp-shard N --mode train: plain FSDP, no pipeline)" if stages == 1
+                                else ""))
 
 
 def _check_counts(d: dict[str, Any], version: Any, plan: SplitPlan) -> None:

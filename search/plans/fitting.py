@@ -44,7 +44,7 @@ class DeviceFit:
 
 def device_fit(budget: int | None, meta: Any, cands: Any, spec: ModelSpec, *, ranks: int, chunks: int,
                schedule: str, per_rank: int, mode: str, optimizer: str, device: str, backend: str,
-               objective: str | None = None, recompute: str = "none") -> DeviceFit:
+               objective: str | None = None, recompute: str = "none", dp_shard: int = 1) -> DeviceFit:
     """The study's ``DeviceFit`` for the ``objective`` asked (None: speedup where the whole model fits); one
     line, before anything starts, where no plan of ``ranks`` ranks at ``chunks`` microbatches fits
     ``budget``, or where the model must be whole on a rank (torchpippy, a model that cannot be built on
@@ -59,7 +59,7 @@ def device_fit(budget: int | None, meta: Any, cands: Any, spec: ModelSpec, *, ra
     runtime = rank_runtime(json.dumps(spec.to_dict(), sort_keys=True), cands.granularity, device)
     template = SplitPlan(model=spec, split_points=tuple(SplitPoint(c) for c in cands.cuts[:ranks * per_rank - 1]),
                          chunks=chunks, schedule=schedule, stages_per_rank=per_rank, mode=mode, optimizer=optimizer,
-                         device=device)
+                         device=device, dp_shard=dp_shard)
     whole = predict_plan(template, meta, cands, budget, runtime=runtime, leaves=leaves)
     why_whole = None
     if backend == "pippy":

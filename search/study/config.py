@@ -87,6 +87,9 @@ class SearchConfig:
     mode: str = "infer"
     """``train`` measures whole training steps, priced by replaying each schedule's action order."""
     optimizer: str = "adamw"
+    dp_shard: int = 1
+    """Training: data-parallel replicas around the pipeline (``search.degrees`` sets it for each degree of
+    ``--ranks``); the study runs on ``stages x dp_shard`` processes."""
     recompute: str = "search"
     """Training: ``search`` gives each plan the least per-stage recomputation that fits ``device_memory`` (none
     without a limit); ``none`` or ``full`` pin it for every plan."""

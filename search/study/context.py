@@ -62,6 +62,8 @@ class SearchContext:
     optimizer: str = "adamw"
     recompute: str = "none"
     """Training: ``search`` (each plan the least recomputation that fits), ``none`` or ``full``."""
+    dp_shard: int = 1
+    """Training: data-parallel replicas, each stage sharded over them (``SplitPlan.dp_shard``)."""
     least_recompute: Callable[[SplitPlan, Sequence[int]], tuple[int, ...] | None] | None = None
     """``search.plans.fitting.DeviceFit.least_recompute`` (None without a memory limit: nothing to fit)."""
     repeats: int
@@ -112,7 +114,8 @@ class SearchContext:
         lay = self.space.layouts[layout]
         plan = SplitPlan(model=self.spec, split_points=points, chunks=chunks, backend=self.backend,
                          schedule=lay.schedule, stages_per_rank=lay.per_rank, device=self.device,
-                         threads_per_stage=self.threads, mode=self.mode, optimizer=self.optimizer)
+                         threads_per_stage=self.threads, mode=self.mode, optimizer=self.optimizer,
+                         dp_shard=self.dp_shard)
         if self.mode != "train" or self.recompute == "none":
             return plan
         if self.recompute == "full":

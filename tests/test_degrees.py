@@ -1,0 +1,53 @@
+"""search.degrees: which pipeline degree on N processes, and whether a pipeline beats plain FSDP."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from pipeline.core.errors import PipesplitError
+from search.degrees import DegreeRow, degrees, verdict
+
+
+def test_the_degrees_are_the_divisors_the_model_can_be_cut_into():
+    assert degrees(4, 12) == [2, 4] and degrees(12, 4) == [2, 3, 4] and degrees(8, 12, pinned=2) == [2]
+    with pytest.raises(PipesplitError, match="--ranks 6 is not --stages 4 x a number of replicas"):
+        degrees(6, 12, pinned=4)
+    with pytest.raises(PipesplitError, match="--ranks 7 has no pipeline degree from 2 to 4"):
+        degrees(7, 4)
+    with pytest.raises(PipesplitError, match="--ranks 1 leaves nothing to choose"):
+        degrees(1, 4)
+
+
+def _row(label, *tput):
+    return DegreeRow(label=label, plan={}, throughput=tuple(tput))
+
+
+def test_the_verdict_says_how_the_best_pipeline_compares_with_plain_fsdp():
+    assert verdict([_row("2 stages x dp_shard 2", 13.0), _row("plain FSDP", 10.0)]) == \
+        "the best is 2 stages x dp_shard 2, 1.30x plain FSDP (13 vs 10 samples/s)"
+    assert verdict([_row("2 stages x dp_shard 2", 8.0), _row("4 stages x dp_shard 1", 9.0), _row("plain FSDP", 10.0)]) \
+        .startswith("plain FSDP is faster here: do not pipeline (10 samples/s, 1.11x the best pipeline, 4 stages")
+
+
+LLAMA = {"num_hidden_layers": 4, "hidden_size": 32, "intermediate_size": 64, "num_attention_heads": 2,
+         "num_key_value_heads": 2, "vocab_size": 128}
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+def test_a_four_rank_search_measures_every_degree_and_plain_fsdp(tmp_path):
+    cmd = [sys.executable, "-m", "search.optimize", "--model", "hf:llama", "--model-kwargs", json.dumps(LLAMA),
+           "--seq-len", "16", "--batch-size", "8", "--ranks", "4", "--mode", "train", "--schedule", "1F1B",
+           "--trials", "2", "--confirm-top", "1", "--confirm-rounds", "1", "--repeats", "1", "--min-trial-seconds", "0",
+           "--storage", f"sqlite:///{tmp_path / 's.db'}", "--results-dir", str(tmp_path), "--no-progress",
+           "--no-artifacts"]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    doc = json.loads(next(tmp_path.glob("*/degrees.json")).read_text())
+    labels = [r["label"] for r in doc["rows"]]
+    assert labels == ["2 stages x dp_shard 2", "4 stages x dp_shard 1", "plain FSDP"]
+    assert all(r["throughput"] for r in doc["rows"]) and all(len(r["peak_mib"]) == 4 for r in doc["rows"])
+    assert doc["verdict"].startswith(("the best is ", "plain FSDP is faster here"))
+    assert doc["verdict"] in out.stdout
