@@ -53,6 +53,8 @@ class DegreeRow:
     """Samples/s of the whole job, every repeat of every round."""
     peak_mib: tuple[int, ...] = ()
     """The most each rank of the mesh held over the rounds."""
+    predicted_mib: tuple[int, ...] = ()
+    """Each pipeline rank's predicted peak (every replica of it alike), the runtime's own memory included."""
     failed: str | None = None
 
     @property
@@ -61,7 +63,8 @@ class DegreeRow:
 
     def to_dict(self) -> dict[str, Any]:
         return {"label": self.label, "plan": self.plan, "throughput": list(self.throughput),
-                "median": self.median, "peak_mib": list(self.peak_mib), "failed": self.failed}
+                "median": self.median, "peak_mib": list(self.peak_mib), "predicted_mib": list(self.predicted_mib),
+                "failed": self.failed}
 
 
 def verdict(rows: list[DegreeRow]) -> str:
@@ -81,12 +84,14 @@ def verdict(rows: list[DegreeRow]) -> str:
 
 
 def table(rows: list[DegreeRow]) -> str:
-    lines = ["| degree | plan | samples/s median (min-max) | peak MiB per rank |", "| --- | --- | --- | --- |"]
+    lines = ["| degree | plan | samples/s median (min-max) | peak MiB per rank | predicted MiB per pipeline rank |",
+             "| --- | --- | --- | --- | --- |"]
     for r in rows:
         plan = SplitPlan.from_dict(r.plan).describe() if r.plan else "-"
         got = (f"{r.median:.3g} ({min(r.throughput):.3g}-{max(r.throughput):.3g})" if r.throughput
                else f"failed: {r.failed}")
-        lines.append(f"| {r.label} | {plan} | {got} | {', '.join(map(str, r.peak_mib)) or '-'} |")
+        lines.append(f"| {r.label} | {plan} | {got} | {', '.join(map(str, r.peak_mib)) or '-'} "
+                     f"| {', '.join(map(str, r.predicted_mib)) or '-'} |")
     return "\n".join(lines)
 
 
@@ -100,6 +105,7 @@ def run_degrees(cfg: SearchConfig, ranks: int, pinned: int | None = None) -> tup
     """A study per degree, then every degree's best and plain FSDP re-measured side by side."""
     from pipeline.models.build import build_meta_model
     from pipeline.models.candidates import find_candidates
+    from pipeline.models.footprint import predict_plan, rank_runtime
     from pipeline.ranks.launch import open_pool
     from pipeline.rounds import interleaved
     from search.optimize import run_study
@@ -108,7 +114,9 @@ def run_degrees(cfg: SearchConfig, ranks: int, pinned: int | None = None) -> tup
         raise PipesplitError("--ranks searches the pipeline degree of a training job (each replica's share of the "
                              "batch, sharded stages): add --mode train")
     spec = cfg.model.resolve()
-    most = find_candidates(build_meta_model(spec), spec, cfg.model.granularity).max_stages
+    meta = build_meta_model(spec)
+    cands = find_candidates(meta, spec, cfg.model.granularity)
+    most = cands.max_stages
     base = cfg.study_name or f"{spec.slug}-r{ranks}-b{spec.batch_size}-train"
     bests: list[tuple[str, SplitPlan]] = []
     paths: list[Path] = []
@@ -132,12 +140,15 @@ def run_degrees(cfg: SearchConfig, ranks: int, pinned: int | None = None) -> tup
     print(f"\n== side by side on {ranks} processes: {', '.join(labels)} ==", flush=True)
     with open_pool(ranks, device=plans[0].device, threads_per_stage=plans[0].threads_per_stage) as pool:
         runs = interleaved(pool, plans, cfg.confirm_rounds, repeats=cfg.repeats, serial=False, drop_failed=True)
+    runtime = rank_runtime(json.dumps(spec.to_dict(), sort_keys=True), cfg.model.granularity, plans[0].device)
     rows = []
     for i, (label, plan) in enumerate(zip(labels, plans)):
+        pred = predict_plan(plan, meta, cands, budget=2**50, runtime=runtime)
         res = runs.results[i]
         peaks = tuple(round(max(r.peak_mem_bytes[k] for r in res) / 2**20) for k in range(plan.world)) \
             if res and res[0].peak_mem_bytes else ()
         rows.append(DegreeRow(label=label, plan=plan.to_dict(), throughput=tuple(runs.throughputs(i)), peak_mib=peaks,
+                              predicted_mib=tuple(round(r.total / 2**20) for r in pred.ranks),
                               failed=runs.failures.get(i)))
     out = Path(cfg.results_dir) / base
     out.mkdir(parents=True, exist_ok=True)

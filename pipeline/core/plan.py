@@ -261,6 +261,9 @@ class SplitPlan:
         return {p.fqn: p.kind for p in self.split_points}
 
     def describe(self) -> str:
+        if self.stages == 1 and self.dp_shard > 1:
+            return (f"plain FSDP: the whole model on each of {self.dp_shard} replicas, chunks {self.chunks}, "
+                    f"{self.backend}, training ({self.optimizer})")
         cuts = ", ".join(p.fqn if p.kind == "BEGINNING" else f"{p.fqn}:END" for p in self.split_points) or "(none)"
         rc = f", recompute {describe(self.recompute)}" if self.recompute != "none" else ""
         rc += f", dp_shard {self.dp_shard}" if self.dp_shard > 1 else ""
