@@ -89,3 +89,26 @@ def test_recomputation_on_sharded_stages_trains_to_the_reference(pool4):
     r = pool4.run(plan, repeats=1, warmup=0, serial_all=False)
     assert r.ok, r.reason
     assert r.check is not None and r.check.diff <= r.check.tolerance
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+def test_plain_fsdp_on_four_ranks_trains_to_the_reference(pool4):
+    spec = resolve_spec("hf:llama", kwargs=LLAMA, batch_size=8, seq_len=16)
+    plan = SplitPlan(model=spec, split_points=(), chunks=1, mode="train", dp_shard=4)
+    assert plan.describe().startswith("plain FSDP: the whole model on each of 4 replicas")
+    r = pool4.run(plan, repeats=1, warmup=0, serial_all=False)
+    assert r.ok, r.reason
+    assert r.check is not None and r.check.diff <= r.check.tolerance and r.check.gradients == 39
+
+
+def test_plain_fsdp_takes_no_split_points(capsys):
+    from pipeline.run import main
+
+    args = ["--model", "hf:llama", "--model-kwargs", '{"num_hidden_layers": 2, "hidden_size": 32, '
+            '"intermediate_size": 64, "num_attention_heads": 2, "num_key_value_heads": 2, "vocab_size": 128}',
+            "--seq-len", "8", "--batch-size", "8", "--stages", "1", "--dp-shard", "2", "--mode", "train",
+            "--split-points", "model.layers.1"]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert "--stages 1 with --dp-shard is plain FSDP" in err and err.count("\n") == 1

@@ -70,7 +70,7 @@ class StagePool(RunsTrials):
         self._procs: list[Any] = []
         self._conns: list[Connection] = []
         if device == "cpu" and stages * self.threads_per_stage > available_cores() and not quiet:
-            print(f"warning: {stages} stages x {self.threads_per_stage} thread(s) oversubscribe the "
+            print(f"warning: {stages} rank processes x {self.threads_per_stage} thread(s) oversubscribe the "
                   f"{available_cores()} available core(s); timings will include contention", file=sys.stderr)
 
     @property
