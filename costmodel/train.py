@@ -19,14 +19,15 @@ parameters and optimizer state.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from costmodel.footprint import step_memory
 from costmodel.replay import StageTimes, parse_action, replay
 from costmodel.types import Machine, Profile, Segment, interpolate
 from pipeline.core.stack import NoStack, find_stack
 
-__all__ = ["OPTIMIZER_STATES", "TrainPrediction", "in_flight", "predict_train", "recomputed_segments", "train_stage_times"]
+__all__ = ["OPTIMIZER_STATES", "TrainPrediction", "fsdp_seconds", "in_flight", "predict_train", "recomputed_segments",
+           "train_stage_times"]
 
 OPTIMIZER_STATES = {"adamw": 2, "sgd": 1}
 """Copies of the parameters an optimizer keeps (AdamW: two moments; SGD with momentum: one buffer)."""
@@ -121,20 +122,34 @@ class TrainPrediction:
         return self.serial_s / self.makespan_s if self.makespan_s > 0 else 0.0
 
 
+def fsdp_seconds(profile: Profile, param_bytes: int, dp_shard: int) -> float:
+    """What FSDP2 adds to a sharded stage's step: all-gathering its parameters before the first forward and
+    reduce-scattering its gradients after the last backward, each moving (D - 1) / D of the stage's bytes
+    over the measured link (a ring's volume per rank)."""
+    if dp_shard <= 1 or param_bytes <= 0:
+        return 0.0
+    return 2 * profile.link.time(param_bytes * (dp_shard - 1) / dp_shard)
+
+
 def predict_train(profile: Profile, cuts: Sequence[int], chunks: int, actions: Sequence[Sequence[str]], *,
                   optimizer: str = "adamw", train: bool = True, machine: Machine | None = None,
-                  recompute: Sequence[int] | None = None) -> TrainPrediction:
+                  recompute: Sequence[int] | None = None, dp_shard: int = 1) -> TrainPrediction:
     """Predict one training step of the plan that cuts before ``cuts`` with ``chunks`` microbatches, on
     the schedule whose per-rank action order is ``actions`` (forward-only where not ``train``: the
     forwards of that order, no optimizer step, parameters alone in memory); ``machine`` replaces the
-    profile's (a calibrated one); ``recompute``: layers each stage recomputes (``recomputed_segments``)."""
+    profile's (a calibrated one); ``recompute``: layers each stage recomputes (``recomputed_segments``);
+    ``dp_shard``: replicas of the pipeline, each on its share of the batch, every stage sharded over them (their
+    processes share the machine: contention at ranks x replicas; FSDP's collectives: ``fsdp_seconds``)."""
+    whole = profile
+    if dp_shard > 1:
+        profile = replace(profile, batch_size=profile.batch_size // dp_shard)
     times, opt = train_stage_times(profile, cuts, chunks, train=train, recompute=recompute)
     if not train:
         opt = [0.0] * len(opt)
         actions = [[a for a in order if parse_action(a).kind == "F"] for order in actions]
     busy = len(actions)
     machine = machine or profile.machine
-    slow = machine.contention_at(busy) if machine is not None else 1.0
+    slow = machine.contention_at(busy * dp_shard) if machine is not None else 1.0
     scaled = [StageTimes(forward=t.forward * slow, backward=t.backward * slow, input_grad=t.input_grad * slow,
                          weight_grad=t.weight_grad * slow, link_forward=t.link_forward,
                          link_backward=t.link_backward) for t in times]
@@ -144,13 +159,16 @@ def predict_train(profile: Profile, cuts: Sequence[int], chunks: int, actions: S
     for act, end in run.end.items():
         r = rank_of[act.stage]
         finish[r] = max(finish[r], end)
-    step_end = [finish[r] + sum(opt[s] for s, rr in rank_of.items() if rr == r) * slow for r in range(busy)]
-    segs = profile.segments
-    n = profile.batch_size
+    bounds = _bounds(cuts, len(profile.segments))
+    held = [sum(sum(s.param_bytes for s in profile.segments[a:b]) for k, (a, b) in enumerate(bounds)
+                if rank_of.get(k) == r) for r in range(busy)]
+    step_end = [finish[r] + sum(opt[s] for s, rr in rank_of.items() if rr == r) * slow / dp_shard
+                + fsdp_seconds(profile, held[r], dp_shard) for r in range(busy)]
+    segs = whole.segments
+    n = whole.batch_size
     serial = sum(s.latency(n) + (interpolate(s.backward_s, n) + (s.optimizer_s or 0.0) if train else 0.0)
                  for s in segs)
     flight = in_flight(actions) if train else {}
-    bounds = _bounds(cuts, len(segs))
     redo = recomputed_segments(profile, cuts, recompute) if train else None
     mem = step_memory(profile, bounds, chunks, actions, recompute=redo) if train else None
     copies = 1 + OPTIMIZER_STATES.get(optimizer, 2) if train else 1  # parameters + the optimizer's: between steps

@@ -4,7 +4,7 @@ import dataclasses
 
 import pytest
 
-from costmodel.train import in_flight, predict_train, recomputed_segments, train_stage_times
+from costmodel.train import fsdp_seconds, in_flight, predict_train, recomputed_segments, train_stage_times
 from tests.conftest import toy_profile
 from tests.test_replay import ONE_F_ONE_B
 
@@ -72,3 +72,13 @@ def test_a_recomputed_layer_runs_its_forward_again_in_the_backward():
     slow = predict_train(prof, [2], 4, GPIPE, recompute=[2, 2])
     assert slow.makespan_s > predict_train(prof, [2], 4, GPIPE).makespan_s
     assert slow.rank_step_bytes[0] < predict_train(prof, [2], 4, GPIPE).rank_step_bytes[0]
+
+
+def test_a_sharded_pipeline_is_one_replicas_share_plus_fsdps_collectives():
+    prof = training_profile()  # batch 8; each segment 1000 parameter bytes, optimizer 0.5 s
+    alone = predict_train(dataclasses.replace(prof, batch_size=4), [2], 4, GPIPE)  # one replica's 4 samples
+    two = predict_train(prof, [2], 4, GPIPE, dp_shard=2)
+    # the replica's step, its optimizer over half the parameters, and all-gather + reduce-scatter of 2000 B
+    assert two.makespan_s == pytest.approx(alone.makespan_s - 1.0 + 0.5 + fsdp_seconds(prof, 2000, 2))
+    assert fsdp_seconds(prof, 2000, 2) == pytest.approx(2 * prof.link.time(1000))
+    assert fsdp_seconds(prof, 2000, 1) == 0.0 and two.serial_s == predict_train(prof, [2], 4, GPIPE).serial_s

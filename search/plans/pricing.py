@@ -66,7 +66,7 @@ def _stage_params(profile: Profile, cuts: Sequence[int], ranks: int) -> tuple[in
 
 def price(profile: Profile, cuts: Sequence[int], chunks: int, layout: Layout, *, mode: str, optimizer: str,
           order: Sequence[Sequence[str]] | None, machine: Machine | None = None,
-          recompute: Sequence[int] | None = None) -> Price:
+          recompute: Sequence[int] | None = None, dp_shard: int = 1) -> Price:
     """The prediction for the plan (``unpriced_reason`` must be None); ``machine`` replaces the profile's;
     ``recompute``: the blocks each stage recomputes (training)."""
     if simulated(layout, mode):
@@ -77,6 +77,6 @@ def price(profile: Profile, cuts: Sequence[int], chunks: int, layout: Layout, *,
     if order is None:
         raise ValueError(f"{layout.label} needs an action order to be priced")
     t = predict_train(profile, cuts, chunks, order, optimizer=optimizer, train=mode == "train", machine=machine,
-                      recompute=recompute)
+                      recompute=recompute, dp_shard=dp_shard)
     return Price(speedup=t.speedup, makespan_s=t.makespan_s, bubble_fraction=t.bubble_fraction, model="replay",
                  rank_mem_bytes=t.rank_mem_bytes)

@@ -167,7 +167,7 @@ class SearchContext:
         counts = self.cands.recompute_counts(plan or self.plan_for_cuts(p.cuts, p.chunks, p.layout)) \
             if self.mode == "train" and self.recompute != "none" else None
         return price(self.profile, p.cuts, p.chunks, lay, mode=self.mode, optimizer=self.optimizer, order=order,
-                     machine=machine, recompute=counts)
+                     machine=machine, recompute=counts, dp_shard=self.dp_shard)
 
     def schedule_optimum(self, layout: int, starts: tuple[PlanPoint, ...] = ()) -> PlanPoint | None:
         """The raw model's best plan of a layout under the memory limit: one it prices by the schedule's action
