@@ -45,6 +45,15 @@ def pool2():
         yield pool
 
 
+@pytest.fixture(scope="session")
+def pool4():
+    """A 4-rank gloo pool (2 stages x 2 replicas, plain FSDP on 4), started by the first test that asks."""
+    from pipeline.ranks.pool import StagePool
+
+    with StagePool(4, threads_per_stage=1, quiet=True) as pool:
+        yield pool
+
+
 @pytest.fixture(scope="session", autouse=True)
 def shared_pool_and_profiles(pool2, tmp_path_factory):
     """Every command a test runs in this process uses the session's 2-stage pool (``lend_pool``), and every

@@ -51,14 +51,6 @@ def test_a_sharded_rank_is_predicted_to_hold_a_share_of_its_stage_and_the_stage_
     assert two.activations * 2 == one.activations  # each replica's microbatches are half as big
 
 
-@pytest.fixture(scope="module")
-def pool4():
-    from pipeline.ranks.pool import StagePool
-
-    with StagePool(4, threads_per_stage=1, quiet=True) as pool:
-        yield pool
-
-
 @pytest.mark.slow
 @pytest.mark.multiprocess
 @pytest.mark.parametrize("schedule", ["GPipe", "1F1B"])
