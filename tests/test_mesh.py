@@ -64,6 +64,8 @@ def test_two_stages_by_two_replicas_train_a_language_model_to_the_reference(pool
     assert c is not None and c.compared == "loss and gradients" and c.diff <= c.tolerance
     assert c.loss_diff is not None and c.loss_diff <= c.loss_tolerance and c.gradients == 39
     assert len(r.peak_mem_bytes) == 4 and all(p > 0 for p in r.peak_mem_bytes)  # every rank of the mesh
+    if schedule != "GPipe":
+        return  # the shards' bytes do not depend on the schedule: compared once
     whole = pool2.run(dataclasses.replace(plan, dp_shard=1), repeats=1, warmup=0, serial=False, serial_all=False)
     assert whole.ok, whole.reason
     for s in (0, 1):  # ranks 2s and 2s+1 hold stage s, each a shard of its weights
