@@ -139,6 +139,10 @@ class Candidates:
         """Split points for cuts before ``blocks[i]`` (``i`` >= 1, increasing)."""
         return tuple(SplitPoint(self.blocks[i], "BEGINNING") for i in cut_indices)
 
+    def event_index(self) -> dict[str, int]:
+        """Each event's position in ``events`` (made once)."""
+        return self._index()
+
     def _index(self) -> dict[str, int]:
         cached = self.__dict__.get("_idx")
         if cached is None:

@@ -94,7 +94,7 @@ def _blocks(cands: Candidates, plan: SplitPlan, leaves: dict[int, int]) -> tuple
         names = cands.stage_blocks(plan)
     except PipesplitError:
         return ()
-    index = {e: i for i, e in enumerate(cands.events)}
+    index = cands.event_index()
     inputs = getattr(leaves, "inputs", {})
     out = []
     for stage in names:
@@ -211,12 +211,13 @@ def least_recompute(plan: SplitPlan, meta: MetaModel, cands: Candidates, budget:
                     leaves: dict[int, int] | None = None, serial: bool = False) -> tuple[int, ...] | None:
     """The fewest recomputed blocks per stage with which every rank of ``plan`` fits ``budget`` (``runtime``:
     one figure, or one per rank); None where even every block recomputed does not, or the model has no stack."""
-    rt = [runtime] * plan.ranks if isinstance(runtime, int) else list(runtime)
     if plan.mode != "train":
         return None
     sb = stage_bytes(meta, plan.model, cands, plan, leaves)
     if not sb.blocks:
         return None
+    rt = [runtime] * plan.ranks if isinstance(runtime, int) else list(runtime)
+
     def fits(r: int, mine: dict[int, int]) -> bool:
         counts = [mine.get(s, 0) for s in range(plan.stages)]
         p = predict_memory(plan, weights=sb.weights, leaf_out_sum=sb.leaf_out_sum, leaf_out_max=sb.leaf_out_max,
