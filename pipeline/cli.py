@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 from dataclasses import dataclass, field
 from typing import Any, NoReturn
 
 from pipeline.core.errors import PipesplitError
 from pipeline.core.plan import BACKENDS, DEVICES, MODES, OPTIMIZERS, SCHEDULES
-from pipeline.core.spec import DTYPES, ModelSpec
+from pipeline.core.spec import DTYPES, MIXED_PRECISIONS, ModelSpec
 from pipeline.models.candidates import GRANULARITIES
 
 DEFAULT_MODEL = "deit_small_patch16_224"
@@ -51,6 +52,10 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--batch-size", type=int, default=None,
                    help="whole-batch size (default 32; a factory's: its example batch's)")
     g.add_argument("--dtype", default=None, choices=DTYPES, help="parameter and input dtype (default float32)")
+    g.add_argument("--mixed-precision", default=None, choices=MIXED_PRECISIONS,
+                   help="training in mixed precision: float32 weights computing in bfloat16 (FSDP2's "
+                        "MixedPrecisionPolicy with --dp-shard, torch.autocast otherwise); checked against a "
+                        "reference in the same precision")
     g.add_argument("--checkpoint", default=None, help="optional local state_dict to load (timing does not need one)")
     g.add_argument("--seed", type=int, default=None,
                    help="seed for weights and inputs, and for search.optimize's sampler (default 0)")
@@ -102,7 +107,7 @@ def add_runtime_args(p: argparse.ArgumentParser, *, search: bool = False) -> Non
 
 
 MODEL_FLAGS = ("model", "model_factory", "model_kwargs", "image_size", "seq_len", "batch_size", "dtype", "checkpoint",
-               "seed")
+               "seed", "mixed_precision")
 
 
 def parse_kwargs(text: str | None) -> dict[str, Any]:
@@ -131,6 +136,7 @@ class ModelArgs:
     image_size: int | None = None
     seq_len: int | None = None
     dtype: str = "float32"
+    mixed_precision: str | None = None
     checkpoint: str | None = None
     seed: int = 0
     granularity: str = "block"
@@ -143,15 +149,19 @@ class ModelArgs:
             raise PipesplitError(f"--model {args.model} and --model-factory {factory} both name a model: give one")
         return cls(name=factory or args.model or DEFAULT_MODEL, factory=factory, kwargs=parse_kwargs(args.model_kwargs),
                    batch_size=args.batch_size, image_size=args.image_size, seq_len=getattr(args, "seq_len", None),
-                   dtype=args.dtype or "float32", checkpoint=args.checkpoint, seed=0 if args.seed is None else args.seed,
+                   dtype=args.dtype or "float32", mixed_precision=getattr(args, "mixed_precision", None),
+                   checkpoint=args.checkpoint, seed=0 if args.seed is None else args.seed,
                    granularity=args.granularity)
 
     def resolve(self) -> ModelSpec:
         from pipeline.models.build import resolve_spec
 
-        return resolve_spec(self.name, kwargs=self.kwargs, batch_size=self.batch_size, image_size=self.image_size,
+        if self.mixed_precision is not None and self.dtype != "float32":  # before the model is built to find out
+            ModelSpec(name=self.name, dtype=self.dtype, mixed_precision=self.mixed_precision)
+        spec = resolve_spec(self.name, kwargs=self.kwargs, batch_size=self.batch_size, image_size=self.image_size,
                             dtype=self.dtype, checkpoint=self.checkpoint, seed=self.seed,
                             source="factory" if self.factory else None, seq_len=self.seq_len)
+        return dataclasses.replace(spec, mixed_precision=self.mixed_precision) if self.mixed_precision else spec
 
 
 def spec_from_args(args: argparse.Namespace) -> ModelSpec:

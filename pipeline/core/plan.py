@@ -222,6 +222,9 @@ class SplitPlan:
                 raise PipesplitError(f"batch size {self.model.batch_size} does not split into {self.dp_shard} replicas "
                                      f"x {self.chunks} chunks: use a batch size that is a multiple of "
                                      f"{self.dp_shard * self.chunks}, or fewer chunks")
+        if self.model.mixed_precision and self.mode != "train":
+            raise PipesplitError(f"--mixed-precision {self.model.mixed_precision} is how a training step computes: "
+                                 "use --mode train, or for inference run the model in bfloat16 (--dtype bfloat16)")
         if self.threads_per_stage < 1:
             raise PipesplitError(f"threads per stage must be a positive integer (got {self.threads_per_stage})")
         seen: set[tuple[str, str]] = set()

@@ -45,6 +45,9 @@ class OutputCheck:
     reference_made: bool | None = None
     """Training: whether this trial made the serial step's reference (False: it compared with the loss and
     gradients an earlier trial of the study made, which do not depend on the split); None for an output."""
+    precision: str | None = None
+    """Training in mixed precision: how both sides computed (``bf16 autocast``, ``bf16 FSDP2 policy``), and so
+    why the tolerance is bfloat16's; None in the model's own dtype."""
 
     def describe(self) -> str:
         """One line: what was compared, and the worst of it against its tolerance."""
@@ -55,7 +58,8 @@ class OutputCheck:
             return f"output check: max |diff| {self.diff:.2e} <= {self.tolerance:.1e}{against}"
         loss = (f"loss |diff| {self.loss_diff:.2e} <= {self.loss_tolerance:.1e}, "
                 if self.loss_diff is not None and self.loss_tolerance is not None else "")
-        return (f"training step check vs the serial step: {loss}{self.gradients} gradients; the worst "
+        how = f" in {self.precision} (bfloat16's tolerance)" if self.precision else ""
+        return (f"training step check vs the serial step{how}: {loss}{self.gradients} gradients; the worst "
                 f"(relative to its scale) {self.worst}: max |diff| {self.diff:.2e} <= {self.tolerance:.1e}")
 
     @classmethod

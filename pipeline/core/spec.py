@@ -11,6 +11,10 @@ from pipeline.core.errors import PipesplitError
 from pipeline.core.fields import int_list, read
 
 SPEC_VERSION = 1
+MIXED_SPEC_VERSION = 2
+"""A spec that computes in mixed precision says version 2, so a pipesplit that cannot run it refuses it rather
+than running it in full precision; every other spec stays version 1 (and its cache keys as they were)."""
+MIXED_PRECISIONS = ("bf16",)
 DTYPES = ("float32", "bfloat16", "float16")
 SOURCES = ("timm", "hf", "factory")
 INPUT_DTYPES = ("int64", "int32", "bool")
@@ -86,6 +90,9 @@ class ModelSpec:
     """Optional local ``state_dict`` file; weights do not change timing, so none is needed."""
     seed: int = 0
     """Seed for weights and inputs, identical on every rank."""
+    mixed_precision: str | None = None
+    """``bf16``: float32 weights (the optimizer's master copy) computing in bfloat16, as users train: FSDP2's
+    ``MixedPrecisionPolicy`` on a sharded mesh, ``torch.autocast`` otherwise (``pipeline.stage.precision``)."""
 
     def __post_init__(self) -> None:
         if not self.name:
@@ -98,6 +105,13 @@ class ModelSpec:
             raise PipesplitError(f"batch size must be a positive integer (got {self.batch_size})")
         if self.dtype not in DTYPES:
             raise PipesplitError(f"dtype {self.dtype!r} is not supported: use one of {', '.join(DTYPES)}")
+        if self.mixed_precision is not None:
+            if self.mixed_precision not in MIXED_PRECISIONS:
+                raise PipesplitError(f"mixed precision {self.mixed_precision!r} is not supported: use "
+                                     f"{' or '.join(MIXED_PRECISIONS)}, or leave --mixed-precision out")
+            if self.dtype != "float32":
+                raise PipesplitError(f"--mixed-precision {self.mixed_precision} keeps float32 weights and computes in "
+                                     f"bfloat16, but --dtype is {self.dtype}: use --dtype float32 (the default)")
         object.__setattr__(self, "input_shape", tuple(int(d) for d in self.input_shape))
         object.__setattr__(self, "extra_inputs", tuple(self.extra_inputs))
 
@@ -125,7 +139,9 @@ class ModelSpec:
             d["extra_inputs"] = [t.to_dict() for t in self.extra_inputs]
         else:
             del d["extra_inputs"]
-        d["version"] = SPEC_VERSION
+        if self.mixed_precision is None:  # left out, so full-precision specs (and their cache keys) stay as they were
+            del d["mixed_precision"]
+        d["version"] = SPEC_VERSION if self.mixed_precision is None else MIXED_SPEC_VERSION
         return d
 
     @classmethod
@@ -133,8 +149,9 @@ class ModelSpec:
         if not isinstance(d, dict) or "name" not in d:
             raise PipesplitError(f"model entry {d!r} is not a model spec: it needs at least a 'name'")
         version = d.get("version", SPEC_VERSION)
-        if version != SPEC_VERSION:
-            raise PipesplitError(f"model spec version {version!r} is not supported (this pipesplit reads {SPEC_VERSION})")
+        if version not in (SPEC_VERSION, MIXED_SPEC_VERSION):
+            raise PipesplitError(f"model spec version {version!r} is not supported (this pipesplit reads "
+                                 f"{SPEC_VERSION} and {MIXED_SPEC_VERSION})")
         w = "model."
         args: dict[str, Any] = {
             "name": read(d, "name", str, where=w), "source": read(d, "source", str, "timm", where=w),
@@ -144,6 +161,7 @@ class ModelSpec:
             "batch_size": read(d, "batch_size", int, 32, where=w), "dtype": read(d, "dtype", str, "float32", where=w),
             "checkpoint": read(d, "checkpoint", str, None, where=w, optional=True),
             "seed": read(d, "seed", int, 0, where=w),
+            "mixed_precision": read(d, "mixed_precision", str, None, where=w, optional=True),
         }
         if "input_shape" in d:
             args["input_shape"] = int_list(d["input_shape"], "model.input_shape")

@@ -63,20 +63,24 @@ def module_copy(module: nn.Module) -> nn.Module:
     return copy.deepcopy(module, memo)
 
 
-def fake_model(meta: MetaModel, device: torch.device) -> FakeModel:
+def fake_model(meta: MetaModel, device: torch.device, params: torch.dtype | None = None) -> FakeModel:
     """A copy of ``meta.module`` whose parameters and buffers are fake tensors on ``device`` (one per device:
-    a cached export and the inputs traced with it share its fake mode)."""
+    a cached export and the inputs traced with it share its fake mode); ``params``: floating parameters in
+    that dtype (buffers as they are), as FSDP2's mixed precision computes with them."""
     from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 
-    known: FakeModel | None = meta.fakes.get(str(device))
+    key = str(device) + (f"|{params}" if params is not None else "")
+    known: FakeModel | None = meta.fakes.get(key)
     if known is not None:
         return known
     mode = FakeTensorMode(allow_non_fake_inputs=True)
     memo: dict[int, Any] = {}
     for p in meta.module.parameters():
-        memo[id(p)] = nn.Parameter(FakeTensor(mode, p.detach().to("meta"), device), requires_grad=p.requires_grad)
+        t = p.detach().to("meta")
+        t = t.to(params) if params is not None and t.is_floating_point() else t
+        memo[id(p)] = nn.Parameter(FakeTensor(mode, t, device), requires_grad=p.requires_grad)
     for b in meta.module.buffers():
         memo[id(b)] = FakeTensor(mode, b.to("meta"), device)
     made = FakeModel(module=copy.deepcopy(meta.module, memo), mode=mode)
-    meta.fakes[str(device)] = made
+    meta.fakes[key] = made
     return made

@@ -21,6 +21,7 @@ from pipeline.models.meta import MetaModel
 from pipeline.models.traces import TraceCache
 from pipeline.models.weights import empty_copy, materialise_module, module_tensors, whole_model
 from pipeline.stage.mesh import MeshView, local_bytes, shard_stage
+from pipeline.stage.precision import BF16, autocast, float_outputs, in_dtype, mixed
 from pipeline.stage.patches import _contiguous, _no_self_warmup, contiguous_receives, use_codegen
 from pipeline.stage.recompute import apply_recompute, stage_blocks
 from pipeline.stage.reference import GC_BYTES, trim_heap
@@ -91,13 +92,17 @@ def name_in(meta: MetaModel) -> Callable[[str], str]:
     return name_of
 
 
-def _split_real(meta: MetaModel, mb: Batch, spec: dict[str, Any]) -> Any:
+def _split_real(meta: MetaModel, mb: Batch, spec: dict[str, Any], low: torch.dtype | None = None) -> Any:
     """The split of a model whose code cannot be exported on meta: traced from a whole real copy on the CPU
-    (made, traced, freed), then moved to meta, so that each rank still keeps only its own stages real."""
+    (made, traced, freed), then moved to meta, so that each rank still keeps only its own stages real
+    (``low``: its parameters and floating inputs in that dtype, as mixed precision computes)."""
     from torch.distributed.pipelining import pipeline
 
     real = whole_model(meta, torch.device("cpu")).eval()
-    pipe = pipeline(real, mb_args=tuple(t.cpu() for t in mb), split_spec=spec)
+    if low is not None:
+        for p in real.parameters():
+            p.data = p.data.to(low) if p.is_floating_point() else p.data
+    pipe = pipeline(real, mb_args=tuple(t.cpu() for t in in_dtype(mb, low)), split_spec=spec)
     del real
     pipe.split_gm.to("meta")
     return pipe
@@ -115,11 +120,13 @@ def _build_torch(plan: SplitPlan, meta: MetaModel, x: Batch, rank: int, device: 
     # The split is cut from the model with fake tensors on this rank's device type (no rank holds it real);
     # each rank then makes its own stages real by name.
     pipe = None
+    low = BF16 if mixed(plan.model) and mesh is not None else None  # FSDP2 computes with bf16 weights: traced so
     if meta.runs_on_meta is not False:
-        fake = fake_model(meta, device)
-        mb = fake.inputs(first_chunk(x, plan.chunks))
+        fake = fake_model(meta, device, low)
+        mb = fake.inputs(in_dtype(first_chunk(x, plan.chunks), low))
+        key = plan.model.key + (f"|{low}" if low is not None else "")
         with fake_copies_allowed():
-            pipe = traces.pipe(plan.model.key, fake.module, mb, plan.split_spec()) if traces is not None else None
+            pipe = traces.pipe(key, fake.module, mb, plan.split_spec()) if traces is not None else None
         if pipe is None:
             try:
                 with fake_copies_allowed():
@@ -127,7 +134,7 @@ def _build_torch(plan: SplitPlan, meta: MetaModel, x: Batch, rank: int, device: 
             except Exception as e:  # noqa: BLE001 - cut from a real copy below, and say why once
                 meta.runs_on_meta, meta.why_not_meta = False, one_line(e)
     if pipe is None:
-        pipe = _split_real(meta, first_chunk(x, plan.chunks), spec)
+        pipe = _split_real(meta, first_chunk(x, plan.chunks), spec, low)
     if pipe.num_stages != plan.stages:
         raise RuntimeError(f"tracing produced {pipe.num_stages} stages, the plan has {plan.stages}")
     contiguous_receives(pipe.split_gm)
@@ -151,7 +158,7 @@ def _build_torch(plan: SplitPlan, meta: MetaModel, x: Batch, rank: int, device: 
         reused += kept.reused_bytes if kept is not None else 0
         setattr(pipe.split_gm, target_name, real)
         if mesh is not None:  # FSDP2 over the stage's dp_shard group, before torch's stage wraps it
-            shard_stage(real, blocks[i] if blocks else (), mesh.dp_mesh)
+            shard_stage(real, blocks[i] if blocks else (), mesh.dp_mesh, plan.model)
             own -= sum(t.numel() * t.element_size() for t in real.parameters()) - local_bytes(list(real.parameters()))
         try:
             built.append(pipe.build_stage(i, device, group))
@@ -169,6 +176,8 @@ def _build_torch(plan: SplitPlan, meta: MetaModel, x: Batch, rank: int, device: 
     log = WorkLog()
     for st in built:
         use_codegen(st.submod)
+        if mixed(plan.model) and mesh is None:  # sent into the float32 buffers the trace gave the peers
+            st.submod.register_forward_hook(float_outputs)
         st.submod.register_forward_hook(_contiguous)
         _record(st, log)
     cls = get_schedule_class(plan.schedule)
@@ -242,11 +251,13 @@ def _trainer(plan: SplitPlan, model: nn.Module, modules: list[nn.Module], schedu
     params = [(names.get(n, n), p) for m in modules for n, p in m.named_parameters()]
     optimizer = make_optimizer(plan.optimizer, [p for _, p in params])
     sum_tied = tied_grads(params, plan.ranks, group, sharded=plan.dp_shard > 1)
+    device = torch.device(plan.device)
 
     def step(inp: Batch | None) -> Any:
         optimizer.zero_grad(set_to_none=True)
         losses: list[torch.Tensor] = []
-        schedule.step(*args(inp), **({"target": target, "losses": losses} if last else {}))
+        with autocast(plan.model, device, on=plan.dp_shard == 1):  # sharded: FSDP2's policy casts instead
+            schedule.step(*args(inp), **({"target": target, "losses": losses} if last else {}))
         sum_tied()
         return losses
 

@@ -151,9 +151,11 @@ def check_step(state: RankState, plan: SplitPlan, stage: BuiltStage, losses: Any
     want = every_name if meta.nbytes(every_name) <= ALL_GRADS_BYTES else names
     # the traced microbatch is a replica's: the reference runs the global batch in microbatches of that size
     chunks = plan.chunks * plan.dp_shard
+    mp, sharded = plan.model.mixed_precision, plan.dp_shard > 1
     ref, made = state.reference(plan.model, names, lambda: streamed_step(stage.split_gm, meta, x, target, chunks,
-                                                                         state.device, want, name_in(meta)))
-    rtol = 1e-3 if plan.model.dtype == "float32" else 5e-2
+                                                                         state.device, want, name_in(meta), mp, sharded),
+                                variant="|fsdp" if mp and sharded else "")
+    rtol = 1e-3 if plan.model.dtype == "float32" and not mp else 5e-2  # bfloat16 compute: bfloat16's tolerance
     worst = check_grads(full_grads(stage.params) if mesh is not None else stage.params, ref, rtol)
     grad = (worst.diff, worst.tol, f"gradient of {worst.name} differs from the unsplit model's", worst.name)
     mine = None
@@ -174,5 +176,6 @@ def check_step(state: RankState, plan: SplitPlan, stage: BuiltStage, losses: Any
                         worst=worst_grad[3],
                         diff=float(worst_grad[0]), tolerance=float(worst_grad[1]),
                         loss_diff=float(last[0]) if last else None, loss_tolerance=float(last[1]) if last else None,
-                        reference_made=any(m for _, _, _, m in every))
+                        reference_made=any(m for _, _, _, m in every),
+                        precision=(f"{mp} {'FSDP2 policy' if sharded else 'autocast'}" if mp else None))
     return float(diff), float(tol), str(what), check

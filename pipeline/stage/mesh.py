@@ -20,7 +20,9 @@ from typing import Any
 import torch
 from torch import nn
 
+from pipeline.core.spec import ModelSpec
 from pipeline.models.batch import Batch
+from pipeline.stage.precision import policy
 
 __all__ = ["MeshView", "full_grads", "mesh_view", "replica_rows", "shard_stage"]
 
@@ -62,13 +64,20 @@ def replica_rows(x: Batch | torch.Tensor, dp_rank: int, dp_shard: int) -> Any:
     return tuple(replica_rows(t, dp_rank, dp_shard) for t in x)
 
 
-def shard_stage(stage: nn.Module, blocks: Sequence[str], dp_mesh: Any) -> None:
-    """``fully_shard`` each of the stage's stack blocks, then the stage itself, over ``dp_mesh``."""
+def shard_stage(stage: nn.Module, blocks: Sequence[str], dp_mesh: Any, spec: ModelSpec) -> None:
+    """``fully_shard`` each of the stage's stack blocks, then the stage itself, over ``dp_mesh`` (with FSDP2's
+    mixed-precision policy where ``spec`` computes in bfloat16: ``pipeline.stage.precision``)."""
     from torch.distributed.fsdp import fully_shard
 
     for name in blocks:
-        fully_shard(stage.get_submodule(name), mesh=dp_mesh, reshard_after_forward=False)
-    fully_shard(stage, mesh=dp_mesh, reshard_after_forward=False)
+        fully_shard(stage.get_submodule(name), mesh=dp_mesh, reshard_after_forward=False,
+                    **_mp(spec))
+    fully_shard(stage, mesh=dp_mesh, reshard_after_forward=False, **_mp(spec))
+
+
+def _mp(spec: ModelSpec) -> dict[str, Any]:
+    mp = policy(spec)
+    return {"mp_policy": mp} if mp is not None else {}
 
 
 def local_bytes(params: Sequence[nn.Parameter]) -> int:

@@ -112,15 +112,18 @@ class RankState:
             self.refs[key] = make()
         return self.refs[key]
 
-    def reference(self, spec: ModelSpec, names: frozenset[str], make: Callable[[], Reference]) -> tuple[Reference, bool]:
+    def reference(self, spec: ModelSpec, names: frozenset[str], make: Callable[[], Reference],
+                  variant: str = "") -> tuple[Reference, bool]:
         """The serial training step's loss and the gradients of (at least) ``names``, and whether it was made now:
-        a kept reference of the same model that holds them serves (the step does not depend on the split)."""
+        a kept reference of the same model that holds them serves (the step does not depend on the split);
+        ``variant`` names what else it depends on (mixed precision: sharded stages compute as FSDP2 does)."""
+        want = spec.key + variant
         for (key, have), ref in self.grad_refs.items():
-            if key == spec.key and names <= have:
+            if key == want and names <= have:
                 return ref, False
         self.grad_refs.clear()  # one reference kept at a time
         ref = make()
-        self.grad_refs[(spec.key, frozenset(ref.grads))] = ref
+        self.grad_refs[(want, frozenset(ref.grads))] = ref
         return ref, True
 
     def serial(self, work: Callable[[], object], threads: int | None) -> float:

@@ -21,6 +21,7 @@ from torch import fx, nn
 from pipeline.models.batch import Batch
 from pipeline.models.meta import MetaModel
 from pipeline.models.weights import empty_copy, materialise_module
+from pipeline.stage.precision import run_stage
 from pipeline.stage.training import Reference, loss_fn
 
 __all__ = ["trim_heap", "release", "streamed_output", "streamed_step"]
@@ -46,9 +47,11 @@ def _first(out: Any) -> torch.Tensor:
 
 
 def _forward(split_gm: fx.GraphModule, meta: MetaModel, x: Batch, chunks: int, device: torch.device,
-             name_of: Callable[[str], str], keep: bool) -> tuple[list[Any], list[dict[fx.Node, Any]]]:
+             name_of: Callable[[str], str], keep: bool, mp: str | None = None, sharded: bool = False
+             ) -> tuple[list[Any], list[dict[fx.Node, Any]]]:
     """Every microbatch through the stages in order; (outputs per microbatch, every node's value per microbatch
-    when ``keep``, else only what is still to be read)."""
+    when ``keep``, else only what is still to be read). Each stage runs in the pipeline's precision (``mp``, the
+    spec's ``mixed_precision``; ``sharded``: FSDP2's policy, not autocast; ``pipeline.stage.precision``)."""
     graph = split_gm.graph
     nodes = list(graph.nodes)
     last_use: dict[fx.Node, int] = {}
@@ -64,8 +67,8 @@ def _forward(split_gm: fx.GraphModule, meta: MetaModel, x: Batch, chunks: int, d
             mod = _stage(split_gm, str(node.target), meta, device, name_of, train=False)
             with torch.no_grad():
                 for env in envs:
-                    env[node] = mod(*fx.node.map_arg(node.args, env.__getitem__),
-                                    **fx.node.map_arg(node.kwargs, env.__getitem__))
+                    env[node] = run_stage(mod, mp, sharded, device, *fx.node.map_arg(node.args, env.__getitem__),
+                                          **fx.node.map_arg(node.kwargs, env.__getitem__))
             release(mod)
         for c, env in enumerate(envs):
             if node.op == "placeholder":
@@ -90,12 +93,13 @@ def streamed_output(split_gm: fx.GraphModule, meta: MetaModel, x: Batch, chunks:
 
 
 def streamed_step(split_gm: fx.GraphModule, meta: MetaModel, x: Batch, target: torch.Tensor, chunks: int,
-                  device: torch.device, wanted: Iterable[str], name_of: Callable[[str], str] = lambda n: n
-                  ) -> Reference:
+                  device: torch.device, wanted: Iterable[str], name_of: Callable[[str], str] = lambda n: n,
+                  mp: str | None = None, sharded: bool = False) -> Reference:
     """The serial training step's loss (the mean of the microbatches' losses, as the schedule reports it)
-    and the gradients of the parameters named in ``wanted`` (the others' are made and dropped)."""
+    and the gradients of the parameters named in ``wanted`` (the others' are made and dropped), in the
+    pipeline's precision (``mp``; ``sharded``: FSDP2's mixed precision, not autocast's)."""
     want = set(wanted)
-    outs, envs = _forward(split_gm, meta, x, chunks, device, name_of, keep=True)
+    outs, envs = _forward(split_gm, meta, x, chunks, device, name_of, keep=True, mp=mp, sharded=sharded)
     targets = target.chunk(chunks)
     grads: dict[fx.Node, list[Any]] = {}
     """Per node, per microbatch, the gradient of the loss with respect to the node's value."""
@@ -125,7 +129,7 @@ def streamed_step(split_gm: fx.GraphModule, meta: MetaModel, x: Batch, target: t
                     parts[index] = g if index not in parts else parts[index] + g
                     whole[c] = parts
         elif node.op == "call_module" and node in grads:
-            _backward(split_gm, node, meta, device, name_of, envs, grads, chunks, want, kept)
+            _backward(split_gm, node, meta, device, name_of, envs, grads, chunks, want, kept, mp, sharded)
     return Reference(loss=sum(losses) / chunks, grads=kept)
 
 
@@ -138,7 +142,8 @@ def _add(grads: dict[fx.Node, list[Any]], node: Any, c: int, chunks: int, g: tor
 
 def _backward(split_gm: fx.GraphModule, node: fx.Node, meta: MetaModel, device: torch.device,
               name_of: Callable[[str], str], envs: list[dict[fx.Node, Any]], grads: dict[fx.Node, list[Any]],
-              chunks: int, want: set[str], kept: dict[str, torch.Tensor]) -> None:
+              chunks: int, want: set[str], kept: dict[str, torch.Tensor], mp: str | None = None,
+              sharded: bool = False) -> None:
     """One stage's backward on every microbatch, its forward recomputed from the kept inputs; its inputs'
     gradients passed on to the nodes that made them, its wanted parameters' gradients kept."""
     mod = _stage(split_gm, str(node.target), meta, device, name_of, train=True)
@@ -149,7 +154,8 @@ def _backward(split_gm: fx.GraphModule, node: fx.Node, meta: MetaModel, device: 
             continue
         leaves = {a: _leaf(env[a]) for a in ins}
         with torch.enable_grad():
-            out = mod(*fx.node.map_arg(node.args, leaves.__getitem__), **fx.node.map_arg(node.kwargs, leaves.__getitem__))
+            out = run_stage(mod, mp, sharded, device, *fx.node.map_arg(node.args, leaves.__getitem__),
+                            **fx.node.map_arg(node.kwargs, leaves.__getitem__))
             pairs = _pairs(out, g_out)
             if pairs:
                 torch.autograd.backward([o for o, _ in pairs], [g for _, g in pairs])

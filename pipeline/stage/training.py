@@ -89,15 +89,17 @@ def reference(model: nn.Module, x: Batch, target: torch.Tensor) -> Reference:
 class SerialTrainer:
     """The unsplit model taking whole training steps (forward, loss, backward, optimizer) on a private copy."""
 
-    def __init__(self, model: nn.Module, optimizer: str, target: torch.Tensor) -> None:
+    def __init__(self, model: nn.Module, optimizer: str, target: torch.Tensor, mixed_precision: str | None = None) -> None:
         self.model = model
         """The trainer's own model: its steps change its weights."""
         self.optimizer = make_optimizer(optimizer, self.model.parameters())
         self.target = target
+        self.mixed = mixed_precision == "bf16"
+        """One device trains in mixed precision under ``torch.autocast`` (FSDP2's policy needs a mesh)."""
 
     def step(self, x: Batch) -> None:
         self.optimizer.zero_grad(set_to_none=True)
-        with torch.enable_grad():
+        with torch.enable_grad(), torch.autocast(self.target.device.type, dtype=torch.bfloat16, enabled=self.mixed):
             loss_fn(self.model(*x), self.target).backward()  # type: ignore[no-untyped-call]
         self.optimizer.step()
 

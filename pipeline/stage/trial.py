@@ -127,7 +127,8 @@ def run_trial(state: RankState, plan: SplitPlan, opts: TrialOptions) -> TrialRep
     peak, base = 0, 2**62
     work_events: list[CommSpan] = []
     timed_serial = rank == 0 and (opts.serial or opts.serial_all)
-    trainer = SerialTrainer(whole_model(meta, state.device), plan.optimizer, target) \
+    trainer = SerialTrainer(whole_model(meta, state.device), plan.optimizer, target,
+                            plan.model.mixed_precision) \
         if train and timed_serial and target is not None else None
     serial_model = state.serial_model(plan.model) if timed_serial and not train else None
     whole_on_rank0 = (opts.serial or opts.serial_all) and not train  # every rank knows rank 0 holds the whole model
