@@ -125,10 +125,13 @@ class TrainPrediction:
 def fsdp_seconds(profile: Profile, param_bytes: int, dp_shard: int) -> float:
     """What FSDP2 adds to a sharded stage's step: all-gathering its parameters before the first forward and
     reduce-scattering its gradients after the last backward, each moving (D - 1) / D of the stage's bytes
-    over the measured link (a ring's volume per rank)."""
+    over the measured link (a ring's volume per rank); in bf16 mixed precision the parameters are gathered in
+    bfloat16 (half the bytes) and the gradients reduced in float32, as FSDP2's policy does."""
     if dp_shard <= 1 or param_bytes <= 0:
         return 0.0
-    return 2 * profile.link.time(param_bytes * (dp_shard - 1) / dp_shard)
+    share = param_bytes * (dp_shard - 1) / dp_shard
+    gathered = share / 2 if profile.model.get("mixed_precision") == "bf16" else share
+    return profile.link.time(gathered) + profile.link.time(share)
 
 
 def predict_train(profile: Profile, cuts: Sequence[int], chunks: int, actions: Sequence[Sequence[str]], *,

@@ -94,7 +94,8 @@ def plan_view(plan: SplitPlan, cands: Candidates) -> PlanView:
                     cut_shares=tuple(sum(per_stage[: k + 1]) / total for k in range(len(plan.split_points))),
                     ranks=plan.ranks, per_rank=plan.stages_per_rank, schedule=plan.schedule, chunks=plan.chunks,
                     batch_size=plan.model.batch_size, mode=plan.mode, segment_elements=tuple(seg),
-                    recompute=cands.recompute_counts(plan) if plan.mode == "train" else (), dp_shard=plan.dp_shard)
+                    recompute=cands.recompute_counts(plan) if plan.mode == "train" else (), dp_shard=plan.dp_shard,
+                    mixed_precision=plan.model.mixed_precision)
 
 
 def export_text(plan: SplitPlan, fmt: str, *, measured: Measured | None = None, figure: str = "") -> str:

@@ -117,7 +117,8 @@ def run_degrees(cfg: SearchConfig, ranks: int, pinned: int | None = None) -> tup
     meta = build_meta_model(spec)
     cands = find_candidates(meta, spec, cfg.model.granularity)
     most = cands.max_stages
-    base = cfg.study_name or f"{spec.slug}-r{ranks}-b{spec.batch_size}-train"
+    base = cfg.study_name or (f"{spec.slug}-r{ranks}-b{spec.batch_size}-train"
+                              + (f"-{spec.mixed_precision}" if spec.mixed_precision else ""))
     bests: list[tuple[str, SplitPlan]] = []
     paths: list[Path] = []
     for s in degrees(ranks, most, pinned):

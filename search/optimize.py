@@ -237,7 +237,8 @@ def run_study(cfg: SearchConfig, *, references: bool = False) -> StudyRun:
     trials = cfg.trials or (12 if stages == 2 else 14)
     if cfg.trials is None and cfg.budget_repeats is not None:
         trials = 10**9  # the repeat budget alone limits the study (the space's size bounds it too)
-    name = cfg.study_name or default_study_name(spec.slug, stages, spec.batch_size, device, granularity, cfg.mode)
+    name = cfg.study_name or default_study_name(spec.slug, stages, spec.batch_size, device, granularity, cfg.mode,
+                                                   spec.mixed_precision)
     outdir = Path(cfg.results_dir) / name
     artifacts = None
     if cfg.artifacts:

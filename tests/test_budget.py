@@ -157,3 +157,15 @@ def test_the_refusal_names_the_callers_fixes_first_and_no_schedule_the_plan_alre
         over.check(plan, ["--recompute 1,0 (the fewest blocks recomputed per stage that fit)"])
     text = str(e.value)
     assert "use --recompute 1,0" in text and "--schedule 1F1B" not in text and "more --chunks" in text
+
+
+def test_mixed_precision_counts_the_bfloat16_copy_of_the_weights_beside_the_float32_ones():
+    import dataclasses
+
+    mixed = dataclasses.replace(SPEC, mixed_precision="bf16")
+    kw = dict(weights=[1000, 1000], leaf_out_sum=[0, 0], leaf_out_max=[0, 0], runtime=0, budget=10**9)
+    one = predict_memory(_plan(2, mode="train", model=mixed, chunks=2), **kw)
+    assert [(r.weights, r.train_state) for r in one.ranks] == [(1500, 3000)] * 2  # autocast's cast of each weight
+    two = predict_memory(_plan(2, mode="train", model=mixed, chunks=2, dp_shard=2), **kw)
+    assert two.ranks[0].weights == 500 + 500  # a float32 shard, the stage gathered in bfloat16
+    assert one.whole == predict_memory(_plan(2, mode="train", chunks=2), **kw).whole + 1000

@@ -4,6 +4,7 @@ import pytest
 
 from pipeline.core.errors import PipesplitError
 from pipeline.core.plan import parse_chunks
+from pipeline.cli import ModelArgs
 from search.optimize import build_parser
 from search.study.config import SearchConfig, default_study_name
 
@@ -25,6 +26,8 @@ def test_flags_become_a_frozen_config():
     ({"min_trial_seconds": float("nan")}, "--min-trial-seconds must be 0 or more"),
     ({"objective": "latency"}, "--objective latency is not one this search knows"),
     ({"backend": "pippy", "schedules": ("GPipe", "1F1B")}, "torchpippy runs only GPipe"),
+    ({"model": ModelArgs(mixed_precision="bf16")}, "--mixed-precision bf16 is how a training step computes: use "
+                                                  "--mode train"),
 ])
 def test_bad_settings_are_one_line(kw, message):
     with pytest.raises(PipesplitError, match=message):
@@ -37,6 +40,7 @@ def test_chunks_and_study_names():
         parse_chunks("a,b")
     assert default_study_name("m", 2, 8, "cpu", "block") == "m-s2-b8-cpu"
     assert default_study_name("m", 2, 8, "cpu", "layer") == "m-s2-b8-cpu-layer"
+    assert default_study_name("m", 2, 8, "cpu", "block", "train", "bf16") == "m-s2-b8-cpu-train-bf16"
 
 
 @pytest.mark.parametrize("flags, objective, two", [

@@ -176,3 +176,22 @@ def test_a_sharded_plan_writes_each_frameworks_data_parallel_degree():
     assert "--use-distributed-optimizer" in m and "--micro-batch-size 1" in m and "--global-batch-size 8" in m
     d = deepspeed(v)
     assert d.unexpressible is not None and "ZeRO stage 1 at most" in d.unexpressible
+
+
+def test_mixed_precision_is_written_as_each_framework_spells_it():
+    import dataclasses
+
+    from torchtitan.config import TrainingConfig
+
+    sharded = dataclasses.replace(view((2, 5, 7)), dp_shard=2)
+    for mp, param in ((None, "float32"), ("bf16", "bfloat16")):  # torchtitan's own default is bfloat16: say which
+        v = dataclasses.replace(sharded, mixed_precision=mp)
+        cfg = tomllib.loads(torchtitan(v).text.split("# torchtitan >= 0.3")[0])
+        training = TrainingConfig(**cfg["training"])  # torchtitan's own config takes it
+        assert (training.mixed_precision_param, training.mixed_precision_reduce) == (param, "float32")
+        assert f'mixed_precision_param="{param}"' in torchtitan(v).text
+        assert ("--bf16" in megatron(v).text) == (mp is not None)
+        assert ('"bf16": {"enabled": true}' in deepspeed(v).text) == (mp is not None)
+    alone = torchtitan(dataclasses.replace(view((2, 5, 7)), mixed_precision="bf16"))
+    assert alone.unexpressible is not None and "trains in float32" in alone.unexpressible
+    assert "mixed_precision_param" not in torchtitan(view((2, 5, 7))).text

@@ -180,3 +180,13 @@ def test_a_training_plan_file_carries_its_recomputation_and_older_files_load_as_
 def test_a_bad_recomputation_in_a_plan_is_one_line(value, message):
     with pytest.raises(PipesplitError, match=message):
         plan(mode="train", recompute=value)
+
+
+def test_mixed_precision_is_a_training_plans_and_says_so():
+    import dataclasses
+
+    mixed = dataclasses.replace(SPEC, mixed_precision="bf16")
+    plan = SplitPlan(model=mixed, split_points=(SplitPoint("blocks.6"),), chunks=2, mode="train")
+    assert "bf16 mixed precision" in plan.describe() and SplitPlan.from_dict(plan.to_dict()) == plan
+    with pytest.raises(PipesplitError, match="is how a training step computes: use --mode train"):
+        SplitPlan(model=mixed, split_points=(SplitPoint("blocks.6"),), chunks=2)

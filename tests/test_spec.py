@@ -37,3 +37,20 @@ def test_newer_version_is_refused():
     d["version"] = 99
     with pytest.raises(PipesplitError, match="version 99"):
         ModelSpec.from_dict(d)
+
+
+def test_a_mixed_precision_spec_says_version_2_and_others_stay_as_they_were():
+    plain = ModelSpec(name="resnet18")
+    assert plain.to_dict()["version"] == 1 and "mixed_precision" not in plain.to_dict()
+    mixed = ModelSpec(name="resnet18", mixed_precision="bf16")
+    assert mixed.to_dict()["version"] == 2 and ModelSpec.from_dict(mixed.to_dict()) == mixed
+    assert mixed.key != plain.key  # its profiles, references and studies are its own
+
+
+@pytest.mark.parametrize("kw, match", [
+    ({"mixed_precision": "fp8"}, "mixed precision 'fp8' is not supported: use bf16"),
+    ({"mixed_precision": "bf16", "dtype": "bfloat16"}, "keeps float32 weights .* use --dtype float32"),
+])
+def test_mixed_precision_it_cannot_run_is_one_line(kw, match):
+    with pytest.raises(PipesplitError, match=match):
+        ModelSpec(name="resnet18", **kw)

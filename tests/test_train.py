@@ -81,4 +81,6 @@ def test_a_sharded_pipeline_is_one_replicas_share_plus_fsdps_collectives():
     # the replica's step, its optimizer over half the parameters, and all-gather + reduce-scatter of 2000 B
     assert two.makespan_s == pytest.approx(alone.makespan_s - 1.0 + 0.5 + fsdp_seconds(prof, 2000, 2))
     assert fsdp_seconds(prof, 2000, 2) == pytest.approx(2 * prof.link.time(1000))
+    mixed = dataclasses.replace(prof, model={**prof.model, "mixed_precision": "bf16"})
+    assert fsdp_seconds(mixed, 2000, 2) == pytest.approx(prof.link.time(500) + prof.link.time(1000))  # gathered in bf16
     assert fsdp_seconds(prof, 2000, 1) == 0.0 and two.serial_s == predict_train(prof, [2], 4, GPIPE).serial_s

@@ -5,6 +5,8 @@ A rank holds its stages' weights; in training their gradients and the optimizer'
 moments, SGD one momentum); the activations of the microbatches its schedule keeps in flight; and its
 runtime (the process itself: torch, the tracing stack; on CPU its resident memory before any model). The last
 rank also keeps the batch's output twice (per microbatch and merged) and the output check's reference.
+In mixed precision (``--mixed-precision bf16``) the weights count twice: float32, and the bfloat16 copy that
+computes (autocast's cast cache for the step; FSDP2's gathered stage in place of a float32 one).
 """
 
 from __future__ import annotations
@@ -146,17 +148,18 @@ def _rank(plan: SplitPlan, r: int, *, w: int, out_sum: int, out_max: Sequence[in
     state = 1 + OPTIMIZER_STATES.get(plan.optimizer, 2) if train else 0
     d = plan.dp_shard
     micro = max(1, plan.model.batch_size // (plan.chunks * d))
+    low = w // 2 if plan.model.mixed_precision else 0  # the weights' bfloat16 copy (FSDP2's gathered, autocast's cast)
     if d > 1:  # FSDP2: a D-th of the weights, gradients and optimizer state; the stage gathered while it computes
-        act = out_sum * micro * in_flight(plan, r) + transient * micro  # (and its gradients before reduce-scatter)
-        return RankMemory(rank=r, weights=w // d + w, train_state=(w // d) * state + w, activations=act,
-                          runtime=runtime)
+        act = out_sum * micro * in_flight(plan, r) + transient * micro  # (and its gradients before reduce-scatter,
+        return RankMemory(rank=r, weights=w // d + (low or w), train_state=(w // d) * state + w,  # float32 anyway)
+                          activations=act, runtime=runtime)
     if train:
         act = out_sum * micro * in_flight(plan, r) + transient * micro
     else:  # a stage's input and output per microbatch
         act = sum(3 * m * micro for m in out_max)
     if last_out_max is not None:  # the batch's output twice (per microbatch, merged) and the check's reference
         act += 3 * last_out_max * plan.model.batch_size
-    return RankMemory(rank=r, weights=w, train_state=w * state, activations=act, runtime=runtime)
+    return RankMemory(rank=r, weights=w + low, train_state=w * state, activations=act, runtime=runtime)
 
 
 def predict_memory(plan: SplitPlan, *, weights: Sequence[int], leaf_out_sum: Sequence[int], leaf_out_max: Sequence[int],
@@ -181,7 +184,7 @@ def predict_memory(plan: SplitPlan, *, weights: Sequence[int], leaf_out_sum: Seq
                            transient=max(extra[s] for s in held)))
     total_w = sum(weights)
     whole_act = (sum(leaf_out_sum) if train else 3 * max(leaf_out_max, default=0)) * plan.model.batch_size
-    alone = total_w * (1 + state) + whole_act
+    alone = total_w * (1 + state) + whole_act + (total_w // 2 if plan.model.mixed_precision else 0)
     if serial and ranks:
         ranks[0] = replace(ranks[0], serial=alone)
     return MemoryPrediction(ranks=tuple(ranks), whole=alone + runtime, budget=budget)

@@ -265,11 +265,13 @@ class SplitPlan:
 
     def describe(self) -> str:
         if self.stages == 1 and self.dp_shard > 1:
+            mp = f", {self.model.mixed_precision} mixed precision" if self.model.mixed_precision else ""
             return (f"plain FSDP: the whole model on each of {self.dp_shard} replicas, chunks {self.chunks}, "
-                    f"{self.backend}, training ({self.optimizer})")
+                    f"{self.backend}, training ({self.optimizer}{mp})")
         cuts = ", ".join(p.fqn if p.kind == "BEGINNING" else f"{p.fqn}:END" for p in self.split_points) or "(none)"
         rc = f", recompute {describe(self.recompute)}" if self.recompute != "none" else ""
         rc += f", dp_shard {self.dp_shard}" if self.dp_shard > 1 else ""
+        rc += f", {self.model.mixed_precision} mixed precision" if self.model.mixed_precision else ""
         train = f", training ({self.optimizer}{rc})" if self.mode == "train" else ""
         return (f"{self.layout()} cut at [{cuts}], chunks {self.chunks}, {self.backend}/{self.schedule}{train}")
 

@@ -83,7 +83,9 @@ def leaf_outputs(meta: MetaModel, spec: ModelSpec, cands: Candidates) -> LeafByt
             handles.append(mod.register_forward_hook(hook, with_kwargs=True))
         run_hooked(model, x, handles)
 
-    with_forward(meta, rows(example_input(spec), 1), run)
+    # mixed precision: the outputs' dtypes are autocast's (FSDP2's bf16 weights give no bigger ones)
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=spec.mixed_precision == "bf16"):
+        with_forward(meta, rows(example_input(spec), 1), run)
     return out
 
 

@@ -44,6 +44,8 @@ class PlanView:
     """Training: the layers each stage recomputes (empty: none)."""
     dp_shard: int = 1
     """Data-parallel replicas, each stage sharded over them (FSDP2 / ZeRO-3)."""
+    mixed_precision: str | None = None
+    """Training: ``bf16`` (float32 weights computing in bfloat16), or None (the model's dtype)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -105,20 +107,28 @@ def torchtitan(view: PlanView) -> Exported:
     pre = ", ".join(view.names[:view.stack.pre]) or "-"
     names = (f"# module names as torchtitan's Llama calls them: tok_embeddings = {pre}; "
              f"layers.<i> = {view.stack.prefix}.<i>; norm, lm_head = {', '.join(view.names[view.stack.end:]) or '-'}")
+    # torchtitan's mixed_precision_param defaults to bfloat16 and applies through FSDP (or alone, with autocast)
+    param = "bfloat16" if view.mixed_precision else "float32"
+    precision = [f'mixed_precision_param = "{param}"', 'mixed_precision_reduce = "float32"'] if d > 1 else []
+    if view.mixed_precision and d == 1:
+        why = _also(why, "torchtitan applies mixed_precision_param through FSDP (data_parallel_shard_degree > 1), or "
+                    "with autocast only without other parallelism: its pipeline without sharding trains in float32")
     toml = "\n".join([
         "# torchtitan <= 0.2: the job config TOML (--job.config_file)", "[parallelism]",
         f"pipeline_parallel_degree = {view.ranks}", f'pipeline_parallel_schedule = "{view.schedule}"',
         f"pipeline_parallel_microbatch_size = {micro}", f"module_fqns_per_model_part = {lists}",
         *([f"data_parallel_shard_degree = {d}"] if d > 1 else []), "",
         "[training]", f"local_batch_size = {local}  # {view.chunks} microbatches of {micro}"
-        + (f" per replica, {d} replicas: a global batch of {view.batch_size}" if d > 1 else "")])
+        + (f" per replica, {d} replicas: a global batch of {view.batch_size}" if d > 1 else ""), *precision])
     py = "\n".join([
         "# torchtitan >= 0.3: in your config_registry function's Trainer.Config",
         "from torchtitan.config import ParallelismConfig, TrainingConfig", "",
         "parallelism = ParallelismConfig(", f"    pipeline_parallel_degree={view.ranks},",
         f'    pipeline_parallel_schedule="{view.schedule}",', f"    pipeline_parallel_microbatch_size={micro},",
         f"    module_fqns_per_model_part={lists},", *([f"    data_parallel_shard_degree={d},"] if d > 1 else []), ")",
-        f"training = TrainingConfig(local_batch_size={local})  # {view.chunks} microbatches of {micro}"])
+        f"training = TrainingConfig(local_batch_size={local}"
+        + (f', mixed_precision_param="{param}", mixed_precision_reduce="float32"' if d > 1 else "")
+        + f")  # {view.chunks} microbatches of {micro}"])
     rc = f"\n{torchtitan_recompute(view.stack, cuts, view.recompute)}\n" if any(view.recompute) else ""
     return Exported(text=f"{names}\n\n{toml}\n\n{py}\n{rc}", unexpressible=why, cuts=cuts)
 
@@ -152,6 +162,8 @@ def megatron(view: PlanView) -> Exported:
              f"--global-batch-size {view.batch_size}"]
     if view.dp_shard > 1:  # Megatron's data-parallel size is the world over the model-parallel sizes
         flags.append("--use-distributed-optimizer")
+    if view.mixed_precision:  # bf16 weights that compute, float32 main weights in the optimizer
+        flags.append("--bf16")
     rc = megatron_recompute(view.stack, cuts, view.recompute) if any(view.recompute) else []
     flags += [f for f in rc if not f.startswith("#")]
     note = (f"# {view.per_rank} virtual stages per rank (interleaved 1F1B), read from the layout's "
@@ -188,6 +200,8 @@ def deepspeed(view: PlanView, parameters_parts: Sequence[int] | None = None,
             f"#   {', '.join(layers)}\nparts = {parts}  # stage s builds layers[parts[s]:parts[s + 1]]\n")
     config = (f'# ds_config: "train_micro_batch_size_per_gpu": {view.batch_size // (view.chunks * view.dp_shard)}, '
               f'"gradient_accumulation_steps": {view.chunks}  ({view.chunks} microbatches per step)\n')
+    if view.mixed_precision:
+        config += '# ds_config: "bf16": {"enabled": true}  (bfloat16 compute, float32 master weights in the optimizer)\n'
     if any(view.recompute):
         config += deepspeed_recompute(view.stack, cuts, view.recompute)
     for method, given in (("parameters", parameters_parts), ("uniform", uniform_parts)):

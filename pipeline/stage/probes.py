@@ -24,6 +24,7 @@ from pipeline.models.build import build_meta_model, build_model
 from pipeline.models.candidates import find_candidates
 from pipeline.stage.costs import SavedBytes, backward_times, optimizer_time, saved_bytes
 from pipeline.stage.messages import LinkReply, SegmentReply
+from pipeline.stage.precision import autocast
 from pipeline.stage.segments import crossing_bytes, stage_targets, time_streamed, timed_repeats, trace_all_cuts
 
 __all__ = ["SegmentRunner", "ping_pong", "stage_targets", "time_segments", "timed_repeats", "trace_all_cuts"]
@@ -60,7 +61,16 @@ def time_segments(spec: ModelSpec, *, granularity: str, micro: Sequence[int], re
                   ) -> SegmentReply:
     """This process's timing of every segment; ``together()`` lines ranks up before each size's timing;
     ``train`` also times each segment's backward (whole, input grad, weight grad) and optimizer step;
-    ``streamed`` never makes the whole model real: one segment at a time (``pipeline.stage.segments``)."""
+    ``streamed`` never makes the whole model real: one segment at a time (``pipeline.stage.segments``). A
+    training profile of a mixed-precision spec times every segment under ``torch.autocast`` (bfloat16)."""
+    with autocast(spec, device, on=train):
+        return _time_segments(spec, granularity=granularity, micro=micro, repeats=repeats, warmup=warmup,
+                              device=device, rank=rank, count=count, together=together, train=train, streamed=streamed)
+
+
+def _time_segments(spec: ModelSpec, *, granularity: str, micro: Sequence[int], repeats: int, warmup: int,
+                   device: torch.device, rank: int, count: bool, together: Callable[[], Any] | None, train: bool,
+                   streamed: bool) -> SegmentReply:
     sync: Callable[[], None] = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
     meta = build_meta_model(spec)
     cands = find_candidates(meta, spec, granularity)

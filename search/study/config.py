@@ -22,8 +22,10 @@ DEFAULT_STORAGE = "sqlite:///results/optuna.db"
 DEFAULT_CHUNKS = (1, 2, 4, 8, 16, 32)
 
 
-def default_study_name(model: str, stages: int, batch: int, device: str, granularity: str, mode: str = "infer") -> str:
+def default_study_name(model: str, stages: int, batch: int, device: str, granularity: str, mode: str = "infer",
+                       mixed_precision: str | None = None) -> str:
     name = f"{model}-s{stages}-b{batch}-{device}" + ("-train" if mode == "train" else "")
+    name += f"-{mixed_precision}" if mixed_precision else ""
     return name if granularity == "block" else f"{name}-{granularity}"
 
 
@@ -133,6 +135,9 @@ class SearchConfig:
         if self.recompute not in RECOMPUTE_CHOICES:
             raise PipesplitError(f"--recompute {self.recompute} is not one a search takes: give search, none or full "
                                  "(pipeline.run takes per-stage counts)")
+        if self.model.mixed_precision and self.mode != "train":
+            raise PipesplitError(f"--mixed-precision {self.model.mixed_precision} is how a training step computes: use "
+                                 "--mode train, or for inference run the model in bfloat16 (--dtype bfloat16)")
         if self.confirm_top < 0:
             raise PipesplitError(f"--confirm-top must be 0 or more (got {self.confirm_top})")
         bad = [f for f in self.export_to if f not in FORMATS]
