@@ -2,9 +2,9 @@
 
 import pytest
 
+from pipeline.cli import ModelArgs
 from pipeline.core.errors import PipesplitError
 from pipeline.core.plan import parse_chunks
-from pipeline.cli import ModelArgs
 from search.optimize import build_parser
 from search.study.config import SearchConfig, default_study_name
 

@@ -21,8 +21,8 @@ from pipeline.models.meta import MetaModel
 from pipeline.models.traces import TraceCache
 from pipeline.models.weights import empty_copy, materialise_module, module_tensors, whole_model
 from pipeline.stage.mesh import MeshView, local_bytes, shard_stage
-from pipeline.stage.precision import BF16, autocast, float_outputs, in_dtype, mixed
 from pipeline.stage.patches import _contiguous, _no_self_warmup, contiguous_receives, use_codegen
+from pipeline.stage.precision import BF16, autocast, float_outputs, in_dtype, mixed
 from pipeline.stage.recompute import apply_recompute, stage_blocks
 from pipeline.stage.reference import GC_BYTES, trim_heap
 from pipeline.stage.skips import free_of_grad, grad_needs
