@@ -10,6 +10,7 @@ from typing import Any, NoReturn
 
 from pipeline.core.errors import PipesplitError
 from pipeline.core.plan import BACKENDS, DEVICES, MODES, OPTIMIZERS, SCHEDULES
+from pipeline.core.sharding import MESH_ORDERS
 from pipeline.core.spec import DTYPES, MIXED_PRECISIONS, ModelSpec
 from pipeline.models.candidates import GRANULARITIES
 
@@ -100,6 +101,10 @@ def add_runtime_args(p: argparse.ArgumentParser, *, search: bool = False) -> Non
                        help="training: the pipeline inside sharded data parallel: stages x D processes on a (pp, "
                             "dp_shard) mesh, each stage fully_shard-ed (FSDP2) over its D replicas, each replica "
                             "running the pipeline on 1/D of the batch (default 1)")
+        g.add_argument("--mesh-order", default=None, choices=MESH_ORDERS,
+                       help="with --dp-shard: the mesh's dimensions, outermost first; 'pp,dp_shard' (default, "
+                            "torchtitan's: a stage's replicas on consecutive ranks, so under torchrun --nnodes FSDP's "
+                            "collectives stay within a node) or 'dp_shard,pp' (a replica's pipeline on consecutive ranks)")
         g.add_argument("--recompute", default=None, metavar="none|full|N,...",
                        help="training: activation recomputation of the model's stacked blocks; 'none' (default), "
                             "'full' (every block), or per stage in stage order how many of its first blocks to "

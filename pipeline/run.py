@@ -16,6 +16,7 @@ from pipeline.core.errors import PipesplitError
 from pipeline.core.plan import SplitPlan, SplitPoint, check_ranks
 from pipeline.core.policies import ALIASES
 from pipeline.core.result import TrialResult
+from pipeline.core.sharding import MESH_ORDERS
 from pipeline.peers.registry import POLICIES
 
 EXAMPLES = """\
@@ -206,7 +207,7 @@ def plan_from_args(args: argparse.Namespace) -> SplitPlan:
     from pipeline.ranks.hosts import default_threads, resolve_device
 
     if args.split:
-        given = [f"--{f.replace('_', '-')}" for f in MODEL_FLAGS if getattr(args, f) is not None]
+        given = [f"--{f.replace('_', '-')}" for f in MODEL_FLAGS if getattr(args, f) is not None and f != "mixed_precision"]
         given += [f"--{f}" for f in ("stages", "policy", "split_points", "chunks") if getattr(args, f) is not None]
         if given:
             raise PipesplitError(f"--split runs the saved plan as it is: drop {', '.join(given)}")
@@ -219,7 +220,9 @@ def plan_from_args(args: argparse.Namespace) -> SplitPlan:
             plan = dataclasses.replace(plan, device=device)
         # the saved cuts measured another way: as training, or on another schedule
         changes = {k: getattr(args, k) for k in ("mode", "optimizer", "schedule", "stages_per_rank", "recompute",
-                                                 "dp_shard") if getattr(args, k) is not None}
+                                                 "dp_shard", "mesh_order") if getattr(args, k) is not None}
+        if args.mixed_precision is not None:
+            changes["model"] = dataclasses.replace(plan.model, mixed_precision=args.mixed_precision)
         if changes:
             plan = dataclasses.replace(plan, **changes)
         cands = find_candidates(build_meta_model(plan.model), plan.model, args.granularity)
@@ -264,7 +267,7 @@ def plan_from_args(args: argparse.Namespace) -> SplitPlan:
         device=resolve_device(args.device or "cpu", ranks),
         threads_per_stage=args.threads_per_stage or default_threads(ranks),
         stages_per_rank=per_rank, mode=args.mode or "infer", optimizer=args.optimizer or "adamw",
-        recompute=args.recompute or "none", dp_shard=args.dp_shard or 1,
+        recompute=args.recompute or "none", dp_shard=args.dp_shard or 1, mesh_order=args.mesh_order or MESH_ORDERS[0],
     )
     cands.validate(plan)
     cands.recompute_counts(plan)

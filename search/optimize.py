@@ -21,6 +21,7 @@ from typing import Any
 
 from pipeline.core.errors import PipesplitError
 from pipeline.core.plan import SplitPlan, choose_chunks
+from pipeline.core.sharding import MESH_ORDERS
 from search.judging.confirm import Confirmation
 from search.plans.fitting import device_fit
 from search.study.config import DEFAULT_CHUNKS, DEFAULT_STORAGE, SearchConfig, default_study_name
@@ -81,6 +82,10 @@ def build_parser(prog: str, description: str, epilog: str, *, sweep: bool = Fals
                        help="training on N processes: search the pipeline degree among N's divisors (stages x "
                        "dp_shard = N, each stage FSDP2-sharded over its replicas), each degree a study of its own, "
                        "then every degree's best and plain FSDP re-measured side by side (results/<study>/degrees.md)")
+        s.add_argument("--mesh-order", default=None, choices=MESH_ORDERS,
+                       help="with --ranks: the mesh's dimensions, outermost first; 'pp,dp_shard' (default, "
+                       "torchtitan's: a stage's replicas on consecutive ranks, so under torchrun --nnodes FSDP's "
+                       "collectives stay within a node) or 'dp_shard,pp' (a replica's pipeline on consecutive ranks)")
     s.add_argument("--chunks", default=None, help="candidate chunk counts, comma-separated, each dividing the batch "
                    f"(default: those of {','.join(map(str, DEFAULT_CHUNKS))} that divide it)")
     s.add_argument("--trials", type=int, default=None,
@@ -255,7 +260,8 @@ def run_study(cfg: SearchConfig, *, references: bool = False) -> StudyRun:
               **({"objectives": [metric.name, "memory"]} if cfg.memory_objective else {}),
               **({"mode": "train", "optimizer": cfg.optimizer} if cfg.mode == "train" else {}),
               **({"recompute": cfg.recompute} if cfg.mode == "train" and cfg.recompute != "search" else {}),
-              **({"dp_shard": cfg.dp_shard} if cfg.dp_shard > 1 else {})}
+              **({"dp_shard": cfg.dp_shard} if cfg.dp_shard > 1 else {}),
+              **({"mesh_order": cfg.mesh_order} if cfg.dp_shard > 1 and cfg.mesh_order != "pp,dp_shard" else {})}
     # failed trials are reported in one line by the search loop, not with optuna's traceback
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     # the sampler needs the profile: it replaces this placeholder once the profile is loaded
@@ -312,7 +318,7 @@ def run_study(cfg: SearchConfig, *, references: bool = False) -> StudyRun:
         ctx = SearchContext(study=study, pool=pool, profile=prof, cands=cands, spec=spec, space=space,
                             threads=threads, backend=cfg.backend, schedule=space.layouts[0].schedule, device=device,
                             mode=cfg.mode, optimizer=cfg.optimizer, recompute=cfg.recompute, dp_shard=cfg.dp_shard,
-                            least_recompute=fit.least_recompute,
+                            mesh_order=cfg.mesh_order, least_recompute=fit.least_recompute,
                             repeats=repeats, repeat_cap=cap, budget_repeats=cfg.budget_repeats,
                             trial_timeout_s=cfg.trial_timeout_s, prune=cfg.prune,
                             progress=cfg.progress, metric=metric, memory_objective=two,

@@ -11,6 +11,7 @@ from typing import Any
 from pipeline.core.errors import PipesplitError
 from pipeline.core.fields import read
 from pipeline.core.recompute import Recompute, check_stages, describe, parse_recompute, to_json
+from pipeline.core.sharding import MESH_ORDERS, check_sharding, pp_rank_of
 from pipeline.core.spec import ModelSpec
 
 PLAN_VERSION = 3
@@ -180,6 +181,9 @@ class SplitPlan:
     """Training: the pipeline inside sharded data parallel, ``ranks x dp_shard`` processes on a (``pp``,
     ``dp_shard``) mesh, each stage ``fully_shard``ed over its ``dp_shard`` group, each replica running the
     pipeline on its share of the batch (``pipeline.stage.mesh``)."""
+    mesh_order: str = MESH_ORDERS[0]
+    """The mesh's dimensions, outermost first: ``pp,dp_shard`` (torchtitan's) or ``dp_shard,pp``
+    (``pipeline.core.sharding``)."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "split_points", tuple(self.split_points))
@@ -209,22 +213,7 @@ class SplitPlan:
             raise PipesplitError(why)
         if self.device not in DEVICES:
             raise PipesplitError(f"device {self.device!r} is unknown: use cpu or cuda")
-        if self.dp_shard < 1:
-            raise PipesplitError(f"--dp-shard must be a positive integer (got {self.dp_shard})")
-        if self.dp_shard > 1:
-            if self.backend != "torch":
-                raise PipesplitError(f"--dp-shard {self.dp_shard} runs on the torch backend (FSDP2 shards the stages "
-                                     "torch.distributed.pipelining builds): use --backend torch")
-            if self.mode != "train":
-                raise PipesplitError(f"--dp-shard {self.dp_shard} shards training state (weights, gradients, optimizer "
-                                     "state); forward-only runs are not sharded here: use --mode train, or --dp-shard 1")
-            if self.model.batch_size % (self.dp_shard * self.chunks):
-                raise PipesplitError(f"batch size {self.model.batch_size} does not split into {self.dp_shard} replicas "
-                                     f"x {self.chunks} chunks: use a batch size that is a multiple of "
-                                     f"{self.dp_shard * self.chunks}, or fewer chunks")
-        if self.model.mixed_precision and self.mode != "train":
-            raise PipesplitError(f"--mixed-precision {self.model.mixed_precision} is how a training step computes: "
-                                 "use --mode train, or for inference run the model in bfloat16 (--dtype bfloat16)")
+        check_sharding(self)
         if self.threads_per_stage < 1:
             raise PipesplitError(f"threads per stage must be a positive integer (got {self.threads_per_stage})")
         seen: set[tuple[str, str]] = set()
@@ -247,6 +236,10 @@ class SplitPlan:
     def world(self) -> int:
         """Processes the plan runs on: the pipeline's ranks times its data-parallel replicas (``dp_shard``)."""
         return self.ranks * self.dp_shard
+
+    def pp_rank(self, process: int) -> int:
+        """The pipeline rank of process ``process`` of the job (itself without ``dp_shard``)."""
+        return pp_rank_of(process, self.ranks, self.dp_shard, self.mesh_order)
 
     def rank_stages(self, rank: int) -> tuple[int, ...]:
         """The stage indices ``rank`` holds: round-robin (rank, rank + ranks, ...), or in a V for V-schedules."""
@@ -271,6 +264,7 @@ class SplitPlan:
         cuts = ", ".join(p.fqn if p.kind == "BEGINNING" else f"{p.fqn}:END" for p in self.split_points) or "(none)"
         rc = f", recompute {describe(self.recompute)}" if self.recompute != "none" else ""
         rc += f", dp_shard {self.dp_shard}" if self.dp_shard > 1 else ""
+        rc += f" ({self.mesh_order} outermost first)" if self.mesh_order != MESH_ORDERS[0] else ""
         rc += f", {self.model.mixed_precision} mixed precision" if self.model.mixed_precision else ""
         train = f", training ({self.optimizer}{rc})" if self.mode == "train" else ""
         return (f"{self.layout()} cut at [{cuts}], chunks {self.chunks}, {self.backend}/{self.schedule}{train}")
@@ -296,6 +290,7 @@ class SplitPlan:
             "mode": self.mode,
             **({"optimizer": self.optimizer, "recompute": to_json(self.recompute)} if self.mode == "train" else {}),
             **({"dp_shard": self.dp_shard} if self.dp_shard > 1 else {}),
+            **({"mesh_order": self.mesh_order} if self.mesh_order != MESH_ORDERS[0] else {}),
         }
 
     @classmethod
@@ -336,6 +331,7 @@ class SplitPlan:
             optimizer=read(d, "optimizer", str, "adamw"),
             recompute=d.get("recompute", "none"),
             dp_shard=read(d, "dp_shard", int, 1),
+            mesh_order=read(d, "mesh_order", str, MESH_ORDERS[0]),
         )
         _check_counts(d, version, plan)
         return plan

@@ -1,8 +1,9 @@
 """The pipeline inside sharded data parallel: a (``pp``, ``dp_shard``) device mesh, as torchtitan builds it.
 
-``ranks x dp_shard`` processes; ``pp`` outermost, so rank ``r`` is pipeline rank ``r // D`` of replica ``r % D``
-(torchtitan's ``ParallelDims`` order). Each replica runs the whole pipeline on its ``1/D`` of the batch over
-its own ``pp`` group; each stage is ``fully_shard``ed over its ``dp_shard`` group as torchtitan's
+``ranks x dp_shard`` processes; ``pp`` outermost by default, so rank ``r`` is pipeline rank ``r // D`` of replica
+``r % D`` (torchtitan's ``ParallelDims`` order; ``--mesh-order dp_shard,pp`` turns it: ``pipeline.core.sharding``).
+Each replica runs the whole pipeline on its ``1/D`` of the batch over its own ``pp`` group; each stage is
+``fully_shard``ed over its ``dp_shard`` group as torchtitan's
 ``apply_fsdp`` does it: every block of the stage's stack, then the stage module, with
 ``reshard_after_forward=False`` (under a pipeline the weights stay gathered across a step's microbatches
 instead of being gathered again for every microbatch's backward); gradients are reduce-scattered (averaged
@@ -20,6 +21,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from pipeline.core.sharding import MESH_ORDERS, dp_rank_of, pp_rank_of
 from pipeline.core.spec import ModelSpec
 from pipeline.models.batch import Batch
 from pipeline.stage.precision import policy
@@ -40,20 +42,23 @@ class MeshView:
     """The one-dimensional ``dp_shard`` mesh of this rank's stage: FSDP2 shards over it."""
 
 
-_MESHES: dict[tuple[str, int, int], Any] = {}
+_MESHES: dict[tuple[str, int, int, str], Any] = {}
 
 
-def mesh_view(rank: int, ranks: int, dp_shard: int, device: torch.device) -> MeshView:
-    """This rank's place in the (``pp``, ``dp_shard``) mesh of ``ranks`` x ``dp_shard`` processes (every rank of
-    the group calls it at once; a mesh is made once per shape and kept: making its groups is collective)."""
+def mesh_view(rank: int, ranks: int, dp_shard: int, device: torch.device, order: str = MESH_ORDERS[0]) -> MeshView:
+    """This rank's place in the (``pp``, ``dp_shard``) mesh of ``ranks`` x ``dp_shard`` processes, its dimensions
+    outermost first as ``order`` says (``pipeline.core.sharding``); every rank of the group calls it at once,
+    and a mesh is made once per shape and kept: making its groups is collective."""
     from torch.distributed.device_mesh import init_device_mesh
 
-    key = (device.type, ranks, dp_shard)
+    key = (device.type, ranks, dp_shard, order)
     if key not in _MESHES:
-        _MESHES[key] = init_device_mesh(device.type, (ranks, dp_shard), mesh_dim_names=("pp", "dp_shard"))
+        sizes = {"pp": ranks, "dp_shard": dp_shard}
+        names = tuple(order.split(","))
+        _MESHES[key] = init_device_mesh(device.type, tuple(sizes[n] for n in names), mesh_dim_names=names)
     mesh = _MESHES[key]
-    return MeshView(pp_rank=rank // dp_shard, dp_rank=rank % dp_shard, dp_shard=dp_shard,
-                    pp_group=mesh["pp"].get_group(), dp_mesh=mesh["dp_shard"])
+    return MeshView(pp_rank=pp_rank_of(rank, ranks, dp_shard, order), dp_rank=dp_rank_of(rank, ranks, dp_shard, order),
+                    dp_shard=dp_shard, pp_group=mesh["pp"].get_group(), dp_mesh=mesh["dp_shard"])
 
 
 def replica_rows(x: Batch | torch.Tensor, dp_rank: int, dp_shard: int) -> Any:

@@ -70,7 +70,7 @@ def run_trial(state: RankState, plan: SplitPlan, opts: TrialOptions) -> TrialRep
     pp_rank = rank
     try:
         if plan.dp_shard > 1:  # every rank makes the mesh's groups at once (a collective), once per shape
-            mesh = mesh_view(rank, plan.ranks, plan.dp_shard, state.device)
+            mesh = mesh_view(rank, plan.ranks, plan.dp_shard, state.device, plan.mesh_order)
             pp_rank = mesh.pp_rank
         meta = state.model(plan.model)
         x = example_input(plan.model, state.device)

@@ -92,6 +92,8 @@ class SearchConfig:
     dp_shard: int = 1
     """Training: data-parallel replicas around the pipeline (``search.degrees`` sets it for each degree of
     ``--ranks``); the study runs on ``stages x dp_shard`` processes."""
+    mesh_order: str = "pp,dp_shard"
+    """Those processes' mesh, outermost dimension first (``--mesh-order``, ``pipeline.core.sharding``)."""
     recompute: str = "search"
     """Training: ``search`` gives each plan the least per-stage recomputation that fits ``device_memory`` (none
     without a limit); ``none`` or ``full`` pin it for every plan."""
@@ -162,7 +164,8 @@ class SearchConfig:
                    schedules=parse_schedules(args.schedule), stages_per_rank=parse_per_rank(args.stages_per_rank),
                    device=args.device or "cpu",
                    threads_per_stage=args.threads_per_stage, mode=args.mode or "infer",
-                   optimizer=args.optimizer or "adamw", recompute=(args.recompute or "search").strip().lower(),
+                   optimizer=args.optimizer or "adamw", mesh_order=getattr(args, "mesh_order", None) or "pp,dp_shard",
+                   recompute=(args.recompute or "search").strip().lower(),
                    device_memory=None if args.device_memory is None else budget.parse_size(args.device_memory),
                    objective=figure, memory_objective=two)
 

@@ -17,6 +17,7 @@ from pipeline.core.budget import MemoryPrediction
 from pipeline.core.plan import SplitPlan, SplitPoint
 from pipeline.core.recompute import describe
 from pipeline.core.result import TrialResult
+from pipeline.core.sharding import pp_rank_of
 from pipeline.core.spec import ModelSpec
 from pipeline.models.candidates import Candidates
 from pipeline.ranks.pooling import Pool
@@ -64,6 +65,8 @@ class SearchContext:
     """Training: ``search`` (each plan the least recomputation that fits), ``none`` or ``full``."""
     dp_shard: int = 1
     """Training: data-parallel replicas, each stage sharded over them (``SplitPlan.dp_shard``)."""
+    mesh_order: str = "pp,dp_shard"
+    """Their mesh's dimensions, outermost first (``SplitPlan.mesh_order``)."""
     least_recompute: Callable[[SplitPlan, Sequence[int]], tuple[int, ...] | None] | None = None
     """``search.plans.fitting.DeviceFit.least_recompute`` (None without a memory limit: nothing to fit)."""
     repeats: int
@@ -115,7 +118,7 @@ class SearchContext:
         plan = SplitPlan(model=self.spec, split_points=points, chunks=chunks, backend=self.backend,
                          schedule=lay.schedule, stages_per_rank=lay.per_rank, device=self.device,
                          threads_per_stage=self.threads, mode=self.mode, optimizer=self.optimizer,
-                         dp_shard=self.dp_shard)
+                         dp_shard=self.dp_shard, mesh_order=self.mesh_order)
         if self.mode != "train" or self.recompute == "none":
             return plan
         if self.recompute == "full":
@@ -197,7 +200,9 @@ class SearchContext:
             a = t.user_attrs
             if a.get("peak_mem_bytes") and a.get("predicted_rank_bytes"):
                 seen.append((a["peak_mem_bytes"], a["predicted_rank_bytes"], a.get("predicted_runtime", 0)))
-        got = learned_runtime(seen, self.first_runtime, self.stages)
+        every = learned_runtime(seen, self.first_runtime, self.stages * self.dp_shard)  # per process of the mesh
+        got = tuple(min(every[p] for p in range(len(every)) if pp_rank_of(p, self.stages, self.dp_shard, self.mesh_order)
+                        == r) for r in range(self.stages))
         self._memo.update(runtime_at=count, runtime=got)
         return got
 

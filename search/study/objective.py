@@ -187,8 +187,9 @@ class Objective:
         meta and the runtime measured so far, before anything is built; its per-rank prediction is kept."""
         pred = self.ctx.memory(plan)
         assert pred is not None
-        trial.set_user_attr("predicted_rank_bytes", [r.total for r in pred.ranks])
-        trial.set_user_attr("predicted_runtime", [r.runtime for r in pred.ranks])
+        every = [pred.ranks[plan.pp_rank(p)] for p in range(plan.world)]  # per process, as peaks are measured
+        trial.set_user_attr("predicted_rank_bytes", [r.total for r in every])
+        trial.set_user_attr("predicted_runtime", [r.runtime for r in every])
         why = predicted_over(pred)
         if why:
             trial.set_user_attr(OVER_MEMORY, why)
