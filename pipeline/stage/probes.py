@@ -62,8 +62,9 @@ def time_segments(spec: ModelSpec, *, granularity: str, micro: Sequence[int], re
     """This process's timing of every segment; ``together()`` lines ranks up before each size's timing;
     ``train`` also times each segment's backward (whole, input grad, weight grad) and optimizer step;
     ``streamed`` never makes the whole model real: one segment at a time (``pipeline.stage.segments``). A
-    training profile of a mixed-precision spec times every segment under ``torch.autocast`` (bfloat16)."""
-    with autocast(spec, device, on=train):
+    mixed-precision spec (training only) is timed under ``torch.autocast`` (bfloat16), its forward-only
+    profiles too: the contention of stages at once is their ratio to the profile of one alone."""
+    with autocast(spec, device):
         return _time_segments(spec, granularity=granularity, micro=micro, repeats=repeats, warmup=warmup,
                               device=device, rank=rank, count=count, together=together, train=train, streamed=streamed)
 
