@@ -19,7 +19,8 @@ COMMANDS = ("pipeline.run", "pipeline.export", "search.optimize", "search.sweep"
 
 API = {
     "Plans and results (pipeline.core)": ("pipeline.core.spec", "pipeline.core.plan", "pipeline.core.result",
-                                          "pipeline.core.policies", "pipeline.core.budget", "pipeline.core.stack"),
+                                          "pipeline.core.policies", "pipeline.core.budget", "pipeline.core.stack",
+                                          "pipeline.core.sharding"),
     "Running plans (pipeline)": ("pipeline.run", "pipeline.rounds", "pipeline.export", "pipeline.ranks.launch",
                                  "pipeline.ranks.pooling", "pipeline.ranks.protocol", "pipeline.peers.rules",
                                  "pipeline.peers.formats"),

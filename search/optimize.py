@@ -293,6 +293,8 @@ def run_study(cfg: SearchConfig, *, references: bool = False) -> StudyRun:
                                        root=Path(cfg.profiles), repeats=2, pool=pool,
                                        train=cfg.mode == "train", streamed=not fit.serial_fits)
         study.set_user_attr("segments", [seg.fqn for seg in prof.segments])
+        if cfg.mode == "train" and fit.use_profile([seg.saved_bytes for seg in prof.segments], cands):
+            print("memory: each plan's activations from the profile's measured saved tensors", flush=True)
         if prof.machine is not None:
             study.set_user_attr("ceiling", prof.machine.ceiling(stages))
             study.set_user_attr("machine", prof.machine.to_dict())

@@ -70,3 +70,15 @@ def test_no_plan_that_fits_is_one_line_naming_the_stages_or_dtype_that_would(big
     assert "no split of hf:llama into 2 stages fits --device-memory" in text and "nothing was run" in text
     assert "Use --stages 4 (its leanest plan's largest rank" in text and "or --dtype bfloat16" in text
     assert "\n" not in text
+
+
+def test_a_training_study_predicts_from_its_profiles_saved_bytes_once_it_has_them(big):
+    spec, _, cands, runtime = big
+    assert not _fit(big, None).use_profile([1] * len(cands.blocks), cands)  # no budget: nothing predicted
+    fit = _fit(big, runtime + 2048 * MiB, mode="train")
+    plan = SplitPlan(model=spec, split_points=(SplitPoint(cands.blocks[4]),), chunks=4, mode="train")
+    before = fit.memory_of(plan).ranks[0].activations
+    assert not fit.use_profile([0] * len(cands.blocks), cands)  # a forward-only profile measured none
+    assert fit.use_profile([10 * MiB] * len(cands.blocks), cands)
+    after = fit.memory_of(plan).ranks[0].activations
+    assert after != before and after == 4 * 10 * MiB * 4  # four segments x 10 MiB a sample x 4 microbatches of 1

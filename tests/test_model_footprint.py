@@ -49,3 +49,23 @@ def test_leaf_outputs_are_per_sample_and_the_budget_defaults_to_the_host_share()
     p = predict_plan(plan, meta, cands, budget=2**30, runtime=0)
     assert [r.train_state for r in p.ranks] == [3 * r.weights for r in p.ranks] and p.budget == 2**30
     assert torch.float32 == next(meta.module.parameters()).dtype
+
+
+def test_a_training_profiles_measured_saved_bytes_replace_the_leaves_as_each_stages_activations():
+    from pipeline.models.footprint import measured_saved
+
+    spec = resolve_spec("deit_tiny_patch16_224", kwargs=TINY_VIT, batch_size=8)
+    meta = build_meta_model(spec)
+    cands = find_candidates(meta, spec)
+    plan = SplitPlan(model=spec, split_points=(SplitPoint("blocks.1"), SplitPoint("blocks.3")), chunks=2, mode="train")
+    leaves = leaf_outputs(meta, spec, cands)
+    before = stage_bytes(meta, spec, cands, plan, leaves)
+    saved = [1000 * (k + 1) for k in range(len(cands.blocks))]  # what autograd kept per segment, per sample
+    measured_saved(leaves, cands, saved)
+    after = stage_bytes(meta, spec, cands, plan, leaves)
+    per = dict(zip(cands.blocks, saved))
+    starts = [cands.blocks.index(c) for c in ("blocks.1", "blocks.3")]
+    bounds = list(zip([0, *starts], [*starts, len(cands.blocks)]))
+    assert after.leaf_out_sum == tuple(sum(saved[a:b]) for a, b in bounds)
+    assert after.leaf_out_max == before.leaf_out_max and after.weights == before.weights  # the output's size stays
+    assert [b.saved for b in after.blocks[1]] == [per["blocks.1"], per["blocks.2"]]  # what recomputing each frees

@@ -1,5 +1,6 @@
 """Segment timing in this process: one latency per candidate segment and size, bytes across each cut."""
 
+import pytest
 import torch
 
 from pipeline.models.build import build_model
@@ -48,3 +49,19 @@ def test_a_training_profile_says_what_of_the_saved_bytes_is_each_segments_input_
     assert out.saved_input_bytes[1] == tokens * 48 * 4  # a block's first LayerNorm keeps its input
     assert all(0 <= big <= p for big, p in zip(out.largest_param_bytes, out.param_bytes))
     assert out.largest_param_bytes[1] == 48 * 4 * 48 * 4  # a block's largest: its MLP's 48 x 192 weight
+
+
+@pytest.mark.parametrize("train", [False, True])
+def test_a_mixed_precision_spec_is_timed_under_autocast_forward_only_too(monkeypatch, train):
+    import dataclasses
+
+    from pipeline.core.spec import ModelSpec
+    from pipeline.stage import probes
+
+    seen = []
+    monkeypatch.setattr(probes, "_time_segments", lambda *a, **k: seen.append(torch.is_autocast_enabled("cpu")))
+    spec = ModelSpec(name="m", batch_size=4, input_shape=(3, 8, 8))
+    for s in (spec, dataclasses.replace(spec, mixed_precision="bf16")):
+        probes.time_segments(s, granularity="block", micro=[1], repeats=1, warmup=0, device=torch.device("cpu"),
+                             train=train)
+    assert seen == [False, True]  # the stages-at-once profile (forward only) is in the same precision as the rest

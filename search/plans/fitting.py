@@ -40,6 +40,19 @@ class DeviceFit:
                                                                                                    compare=False)
     """Training under a limit: the fewest recomputed blocks per stage with which a plan fits, given each rank's
     runtime memory (None where even recomputing every block does not)."""
+    leaves: Any = field(default=None, compare=False)
+    """The per-sample activation bytes every prediction above reads (``pipeline.models.footprint.LeafBytes``):
+    a training study replaces them with its profile's measured saved bytes once it has one (``use_profile``)."""
+
+    def use_profile(self, saved: Sequence[int], cands: Any) -> bool:
+        """Predict activations from a training profile's measured saved bytes per segment from now on; whether
+        there were any to use (a forward-only profile has none)."""
+        if self.leaves is None or not any(saved):
+            return False
+        from pipeline.models.footprint import measured_saved
+
+        measured_saved(self.leaves, cands, saved)
+        return True
 
 
 def device_fit(budget: int | None, meta: Any, cands: Any, spec: ModelSpec, *, ranks: int, chunks: int,
@@ -88,7 +101,7 @@ def device_fit(budget: int | None, meta: Any, cands: Any, spec: ModelSpec, *, ra
         return least_recompute(plan, meta, cands, budget, runtimes, leaves, serial=serial)
 
     return DeviceFit(metric=metric, serial_fits=whole.serial_fits, whole_bytes=whole.whole, memory_of=memory_of,
-                     first_runtime=runtime, lean_cuts=lean,
+                     first_runtime=runtime, lean_cuts=lean, leaves=leaves,
                      least_recompute=least if mode == "train" and recompute == "search" else None)
 
 
