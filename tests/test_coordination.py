@@ -165,3 +165,20 @@ def test_the_share_of_time_spent_timing_sums_the_measured_trials_breakdowns():
     t = study.ask()  # pruned by the cost model: no run, no breakdown, not counted
     study.tell(t, state=optuna.trial.TrialState.PRUNED)
     assert timed_share(study) == pytest.approx(15.0 / 20.0)
+
+
+def test_a_worker_backs_off_a_plan_another_finished_between_its_duplicate_check_and_its_claim():
+    from optuna.trial import TrialState, create_trial
+
+    from search.trials.coordination import MEASURED, skip_reason
+
+    study = optuna.create_study()
+    done = create_trial(state=TrialState.COMPLETE, value=1.0,
+                        user_attrs={MEASURED: True, "plan_key": "p", "worker": "host:1"})
+    study.add_trial(done)
+    mine = study.ask()  # this worker's claim of the same plan, still running
+    mine.set_user_attr(MEASURED, True)
+    mine.set_user_attr("plan_key", "p")
+    assert skip_reason(study, mine.number, "p", budget=6) == "the same plan is measured by trial 0"
+    assert skip_reason(study, mine.number, "q", budget=6) is None
+    assert skip_reason(study, mine.number, "p", budget=None) is None  # one worker: its own duplicate check holds

@@ -121,11 +121,12 @@ def skip_reason(study: optuna.Study, number: int, key: str, budget: int | None) 
     if budget is None:
         return None
     mine = [t for t in claims(study) if t.number != number]
-    same = [t for t in mine if t.state == TrialState.RUNNING and t.user_attrs.get("plan_key") == key]
+    # running, or finished since this worker looked for a duplicate (its check and its claim are not atomic)
+    same = [t for t in mine if t.state in (TrialState.RUNNING, TrialState.COMPLETE) and t.user_attrs.get("plan_key") == key]
     if len(mine) >= budget:
         return f"the study's {budget} trials are measured or being measured by other workers"
     if same:
-        return f"the same plan is being measured by trial {same[0].number}"
+        return f"the same plan is {'being ' if same[0].state == TrialState.RUNNING else ''}measured by trial {same[0].number}"
     return None
 
 
