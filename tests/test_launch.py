@@ -31,10 +31,10 @@ def test_torchrun_placement_and_a_stage_count_that_does_not_match(monkeypatch):
         RankPool(4)
 
 
-def agents(argv, tmp_path, timeout=600):
+def agents(argv, tmp_path, timeout=600, per_node=1):
     """Two torchrun agents, as two nodes would start them, meeting at one c10d rendezvous endpoint."""
     port = free_port()
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1",
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", str(per_node),
            "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "pipesplit-test",
            "--max-restarts", "0", *argv]
     procs = [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=tmp_path)
@@ -88,3 +88,21 @@ def test_two_torchrun_agents_run_a_plan_and_bad_input_releases_the_followers(tmp
     root = __import__("pathlib").Path(__file__).parents[1]
     for pkg in ("pipeline", "search"):  # torchrun prints its own ChildFailedError; pipesplit prints one line
         assert f'File "{root / pkg}' not in text
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+def test_a_mesh_spans_two_torchrun_nodes_with_each_stages_replicas_on_one_node(tmp_path):
+    out = tmp_path / "r.json"
+    llama = ('{"num_hidden_layers": 4, "hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 2, '
+             '"num_key_value_heads": 2, "vocab_size": 256}')
+    argv = ["-m", "pipeline.run", "--model", "hf:llama", "--model-kwargs", llama, "--seq-len", "16", "--batch-size",
+            "8", "--split-points", "model.layers.2", "--chunks", "2", "--mode", "train", "--dp-shard", "2",
+            "--repeats", "1", "--threads-per-stage", "1", "--no-serial-all", "--out", str(out)]
+    outs = agents(argv, tmp_path, per_node=2)  # 2 "nodes" x 2 processes: ranks 0, 1 on the first
+    assert all(code == 0 for code, _ in outs), outs
+    doc = json.loads(out.read_text())
+    m = doc["measured"]
+    assert m["ok"] and doc["dp_shard"] == 2 and m["check"]["compared"] == "loss and gradients"
+    b = m["stage_bytes"]  # pp outermost: node 0's two processes shard stage 0, node 1's stage 1
+    assert len(b) == 4 and b[0] == b[1] and b[2] == b[3] and b[0] != b[2]
