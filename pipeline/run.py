@@ -74,8 +74,11 @@ class RunConfig:
 
 def run_plan(plan: SplitPlan, cfg: RunConfig) -> TrialResult:
     """Measure ``plan`` once on a fresh pool (the torchrun ranks under torchrun)."""
+    from pipeline.ranks.hosts import check_torchrun_world
     from pipeline.ranks.launch import open_pool
 
+    if plan.dp_shard > 1:  # (a pipeline alone: the pool says how many ranks --stages asks for)
+        check_torchrun_world(plan.world, f"--stages {plan.ranks} x --dp-shard {plan.dp_shard}")
     with open_pool(plan.world, device=plan.device, threads_per_stage=plan.threads_per_stage) as pool:
         return pool.run(plan, repeats=cfg.repeats, warmup=cfg.warmup, timeout_s=cfg.timeout_s, serial=cfg.serial,
                         serial_all=cfg.serial and cfg.serial_all, trace_dir=cfg.trace_dir)

@@ -106,10 +106,12 @@ def run_degrees(cfg: SearchConfig, ranks: int, pinned: int | None = None) -> tup
     from pipeline.models.build import build_meta_model
     from pipeline.models.candidates import find_candidates
     from pipeline.models.footprint import predict_plan, rank_runtime
+    from pipeline.ranks.hosts import check_torchrun_world
     from pipeline.ranks.launch import open_pool
     from pipeline.rounds import interleaved
     from search.optimize import run_study
 
+    check_torchrun_world(ranks, f"--ranks {ranks}")
     if cfg.mode != "train":
         raise PipesplitError("--ranks searches the pipeline degree of a training job (each replica's share of the "
                              "batch, sharded stages): add --mode train")

@@ -31,6 +31,17 @@ def test_torchrun_placement_and_a_stage_count_that_does_not_match(monkeypatch):
         RankPool(4)
 
 
+def test_a_mesh_that_is_not_torchruns_world_is_one_line(monkeypatch):
+    from pipeline.ranks.hosts import check_torchrun_world
+
+    for k, v in TORCHRUN_ENV.items():
+        monkeypatch.setenv(k, v)
+    check_torchrun_world(2, "--stages 1 x --dp-shard 2")  # two processes, as started
+    with pytest.raises(PipesplitError, match=r"torchrun started 2 processes but --stages 2 x --dp-shard 2 runs on 4: "
+                                             r"start 4 \(nnodes x nproc-per-node\), or give --stages x --dp-shard = 2"):
+        check_torchrun_world(4, "--stages 2 x --dp-shard 2")
+
+
 def agents(argv, tmp_path, timeout=600, per_node=1):
     """Two torchrun agents, as two nodes would start them, meeting at one c10d rendezvous endpoint."""
     port = free_port()

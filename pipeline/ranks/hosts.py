@@ -36,6 +36,15 @@ def torchrun_env() -> TorchrunEnv | None:
                        local_world_size=int(env.get("LOCAL_WORLD_SIZE", "1")))
 
 
+def check_torchrun_world(processes: int, layout: str) -> None:
+    """Under torchrun, one line where the job's processes are not the ``processes`` that ``layout`` (what the
+    user asked for, in their flags) runs on; nothing otherwise."""
+    env = torchrun_env()
+    if env is not None and env.world_size != processes:
+        raise PipesplitError(f"torchrun started {env.world_size} processes but {layout} runs on {processes}: start "
+                             f"{processes} (nnodes x nproc-per-node), or give --stages x --dp-shard = {env.world_size}")
+
+
 def available_cores() -> int:
     try:
         return len(os.sched_getaffinity(0))
