@@ -34,6 +34,8 @@ examples:
   python -m pipeline.run --stages 2 --policy uniform --chunks 8 --mode train --schedule 1F1B --recompute 2,0
   # the pipeline inside sharded data parallel: 2 stages x 2 replicas on 4 processes, FSDP2 on each stage
   python -m pipeline.run --stages 2 --policy uniform --chunks 4 --mode train --schedule 1F1B --dp-shard 2
+  # a training step in bf16 over float32 weights (autocast; with --dp-shard, FSDP2's MixedPrecisionPolicy)
+  python -m pipeline.run --model hf:llama --stages 2 --policy uniform --chunks 4 --mode train --mixed-precision bf16
   # 4 stages on 2 ranks, 2 per rank (--stages counts ranks in every command)
   python -m pipeline.run --stages 2 --stages-per-rank 2 --policy uniform --chunks 4 --schedule Interleaved1F1B
   # run an exported best split again and save what it measured

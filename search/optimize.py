@@ -43,6 +43,7 @@ examples:
   python -m search.optimize --stages 2 --mode train --schedule all --device-memory 2GiB   # training steps
   # 4 processes: 4 stages, 2 stages x 2 replicas (FSDP2) or plain FSDP? each degree searched, then compared
   python -m search.optimize --model hf:llama --ranks 4 --mode train --schedule 1F1B --trials 6
+  python -m search.optimize --model hf:llama --ranks 4 --mode train --mixed-precision bf16   # bf16 over fp32 weights
   # training under a budget: each plan recomputes the fewest blocks per stage that fit (--recompute search)
   python -m search.optimize --model hf:llama --stages 4 --mode train --schedule 1F1B --device-memory 1.1GiB
   # a model bigger than one device: plans that fit 4 ranks of 4.75 GiB, ranked by throughput
