@@ -1,5 +1,5 @@
-"""torchrun: two agents on 127.0.0.1 (c10d rendezvous, 2 "nodes" x 1 process) run real trials; the
-placement helpers on their own."""
+"""torchrun: two agents on 127.0.0.1 (c10d rendezvous, 2 "nodes" of 1 or 2 processes) run real trials and a
+plan on a (pp, dp_shard) mesh; the placement helpers on their own."""
 
 import json
 import subprocess
@@ -82,28 +82,7 @@ def test_two_torchrun_agents_run_a_search_trial_and_record_it(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.multiprocess
-def test_two_torchrun_agents_run_a_plan_and_bad_input_releases_the_followers(tmp_path):
-    out = tmp_path / "r.json"
-    argv = ["-m", "pipeline.run", *TINY_VIT_ARGS, "--split-points", "blocks.2", "--chunks", "2", "--repeats", "1",
-            "--threads-per-stage", "1", "--no-serial-all", "--out", str(out)]
-    outs = agents(argv, tmp_path)
-    assert all(code == 0 for code, _ in outs), outs
-    doc = json.loads(out.read_text())
-    assert doc["measured"]["ok"] and doc["split_points"] == [{"fqn": "blocks.2", "kind": "BEGINNING"}]
-    # rank 0 refuses the input before any pool exists: it still lets rank 1 go, so both end promptly
-    bad = ["-m", "pipeline.run", *TINY_VIT_ARGS, "--split-points", "nope.1", "--threads-per-stage", "1"]
-    outs = agents(bad, tmp_path, timeout=180)  # without the release, the follower's agent waits 300 s
-    text = "".join(o for _, o in outs)
-    assert "error: split point 'nope.1' is not a module" in text
-    assert all(code != 0 for code, _ in outs)
-    root = __import__("pathlib").Path(__file__).parents[1]
-    for pkg in ("pipeline", "search"):  # torchrun prints its own ChildFailedError; pipesplit prints one line
-        assert f'File "{root / pkg}' not in text
-
-
-@pytest.mark.slow
-@pytest.mark.multiprocess
-def test_a_mesh_spans_two_torchrun_nodes_with_each_stages_replicas_on_one_node(tmp_path):
+def test_a_plan_on_a_mesh_spans_two_torchrun_nodes_and_bad_input_releases_the_followers(tmp_path):
     out = tmp_path / "r.json"
     llama = ('{"num_hidden_layers": 4, "hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 2, '
              '"num_key_value_heads": 2, "vocab_size": 256}')
@@ -115,5 +94,18 @@ def test_a_mesh_spans_two_torchrun_nodes_with_each_stages_replicas_on_one_node(t
     doc = json.loads(out.read_text())
     m = doc["measured"]
     assert m["ok"] and doc["dp_shard"] == 2 and m["check"]["compared"] == "loss and gradients"
+    assert doc["split_points"] == [{"fqn": "model.layers.2", "kind": "BEGINNING"}]
     b = m["stage_bytes"]  # pp outermost: node 0's two processes shard stage 0, node 1's stage 1
     assert len(b) == 4 and b[0] == b[1] and b[2] == b[3] and b[0] != b[2]
+    # rank 0 refuses the input before any pool exists: it still lets rank 1 go, so both end promptly
+    bad = ["-m", "pipeline.run", *TINY_VIT_ARGS, "--split-points", "nope.1", "--threads-per-stage", "1"]
+    outs = agents(bad, tmp_path, timeout=180)  # without the release, the follower's agent waits 300 s
+    text = "".join(o for _, o in outs)
+    assert "error: split point 'nope.1' is not a module" in text
+    assert all(code != 0 for code, _ in outs)
+    root = __import__("pathlib").Path(__file__).parents[1]
+    for pkg in ("pipeline", "search"):  # torchrun prints its own ChildFailedError; pipesplit prints one line
+        assert f'File "{root / pkg}' not in text
+
+
+
