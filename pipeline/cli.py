@@ -101,14 +101,19 @@ def add_runtime_args(p: argparse.ArgumentParser, *, search: bool = False) -> Non
                        help="training: the pipeline inside sharded data parallel: stages x D processes on a (pp, "
                             "dp_shard) mesh, each stage fully_shard-ed (FSDP2) over its D replicas, each replica "
                             "running the pipeline on 1/D of the batch (default 1)")
-        g.add_argument("--mesh-order", default=None, choices=MESH_ORDERS,
-                       help="with --dp-shard: the mesh's dimensions, outermost first; 'pp,dp_shard' (default, "
-                            "torchtitan's: a stage's replicas on consecutive ranks, so under torchrun --nnodes FSDP's "
-                            "collectives stay within a node) or 'dp_shard,pp' (a replica's pipeline on consecutive ranks)")
+        add_mesh_order_arg(g, "--dp-shard")
         g.add_argument("--recompute", default=None, metavar="none|full|N,...",
                        help="training: activation recomputation of the model's stacked blocks; 'none' (default), "
                             "'full' (every block), or per stage in stage order how many of its first blocks to "
                             "recompute, e.g. 2,1,0,0 (they keep their input, and run their forward again in backward)")
+
+
+def add_mesh_order_arg(g: Any, with_flag: str) -> None:
+    """``--mesh-order`` (``pipeline.core.sharding``), for the commands that run a mesh (``with_flag`` makes one)."""
+    g.add_argument("--mesh-order", default=None, choices=MESH_ORDERS, metavar="pp,dp_shard|dp_shard,pp",
+                   help=f"with {with_flag}: the mesh's dimensions, outermost first; 'pp,dp_shard' (default, "
+                        "torchtitan's: a stage's replicas on consecutive ranks, so under torchrun --nnodes FSDP's "
+                        "collectives stay within a node) or 'dp_shard,pp' (a replica's pipeline on consecutive ranks)")
 
 
 MODEL_FLAGS = ("model", "model_factory", "model_kwargs", "image_size", "seq_len", "batch_size", "dtype", "checkpoint",

@@ -21,7 +21,6 @@ from typing import Any
 
 from pipeline.core.errors import PipesplitError
 from pipeline.core.plan import SplitPlan, choose_chunks
-from pipeline.core.sharding import MESH_ORDERS
 from search.judging.confirm import Confirmation
 from search.plans.fitting import device_fit
 from search.study.config import DEFAULT_CHUNKS, DEFAULT_STORAGE, SearchConfig, default_study_name
@@ -65,7 +64,7 @@ def parser() -> argparse.ArgumentParser:
 
 def build_parser(prog: str, description: str, epilog: str, *, sweep: bool = False) -> argparse.ArgumentParser:
     """The search flags; ``sweep`` takes several stage counts and leaves out the one-study flags."""
-    from pipeline.cli import Parser, add_model_args, add_runtime_args
+    from pipeline.cli import Parser, add_mesh_order_arg, add_model_args, add_runtime_args
 
     p = Parser(prog=prog, description=description, epilog=epilog,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -83,10 +82,7 @@ def build_parser(prog: str, description: str, epilog: str, *, sweep: bool = Fals
                        help="training on N processes: search the pipeline degree among N's divisors (stages x "
                        "dp_shard = N, each stage FSDP2-sharded over its replicas), each degree a study of its own, "
                        "then every degree's best and plain FSDP re-measured side by side (results/<study>/degrees.md)")
-        s.add_argument("--mesh-order", default=None, choices=MESH_ORDERS,
-                       help="with --ranks: the mesh's dimensions, outermost first; 'pp,dp_shard' (default, "
-                       "torchtitan's: a stage's replicas on consecutive ranks, so under torchrun --nnodes FSDP's "
-                       "collectives stay within a node) or 'dp_shard,pp' (a replica's pipeline on consecutive ranks)")
+        add_mesh_order_arg(s, "--ranks")
     s.add_argument("--chunks", default=None, help="candidate chunk counts, comma-separated, each dividing the batch "
                    f"(default: those of {','.join(map(str, DEFAULT_CHUNKS))} that divide it)")
     s.add_argument("--trials", type=int, default=None,
