@@ -30,11 +30,16 @@ def dp_rank_of(process: int, ranks: int, dp_shard: int, order: str = MESH_ORDERS
     return process % dp_shard if order == MESH_ORDERS[0] else process // ranks
 
 
+def check_mixed(mixed_precision: str | None, mode: str) -> None:
+    """One line for mixed precision asked of a forward-only run (a plan's, or a whole search's)."""
+    if mixed_precision and mode != "train":
+        raise PipesplitError(f"--mixed-precision {mixed_precision} is how a training step computes: "
+                             "use --mode train, or for inference run the model in bfloat16 (--dtype bfloat16)")
+
+
 def check_sharding(plan: SplitPlan) -> None:
     """One line for a plan that cannot run sharded, or in mixed precision, as asked."""
-    if plan.model.mixed_precision and plan.mode != "train":
-        raise PipesplitError(f"--mixed-precision {plan.model.mixed_precision} is how a training step computes: "
-                             "use --mode train, or for inference run the model in bfloat16 (--dtype bfloat16)")
+    check_mixed(plan.model.mixed_precision, plan.mode)
     if plan.mesh_order not in MESH_ORDERS:
         raise PipesplitError(f"--mesh-order {plan.mesh_order!r} is not a mesh this runs: use {' or '.join(MESH_ORDERS)}")
     if plan.dp_shard < 1:

@@ -11,6 +11,7 @@ from pipeline.cli import ModelArgs
 from pipeline.core import budget
 from pipeline.core.errors import PipesplitError
 from pipeline.core.plan import check_ranks, parse_chunks
+from pipeline.core.sharding import check_mixed
 from pipeline.peers.formats import FORMATS
 from search.plans.layouts import parse_per_rank, parse_schedules
 from search.trials.metric import METRICS
@@ -137,9 +138,7 @@ class SearchConfig:
         if self.recompute not in RECOMPUTE_CHOICES:
             raise PipesplitError(f"--recompute {self.recompute} is not one a search takes: give search, none or full "
                                  "(pipeline.run takes per-stage counts)")
-        if self.model.mixed_precision and self.mode != "train":
-            raise PipesplitError(f"--mixed-precision {self.model.mixed_precision} is how a training step computes: use "
-                                 "--mode train, or for inference run the model in bfloat16 (--dtype bfloat16)")
+        check_mixed(self.model.mixed_precision, self.mode)
         if self.confirm_top < 0:
             raise PipesplitError(f"--confirm-top must be 0 or more (got {self.confirm_top})")
         bad = [f for f in self.export_to if f not in FORMATS]
