@@ -134,7 +134,7 @@ def whole_search(checkout: str, search_args: str) -> None:
         print(f"{root}: {wall / 60:.1f} min, {len(trials) - failed} plans measured, {failed} failed; the measured "
               f"trials spent {b['timed_s'] / total:.0%} of their {total:.0f} s timing (build {b['build_s']:.0f} s, "
               f"check {b['check_s']:.0f} s, warm-up {b['warmup_s']:.0f} s, other {b['other_s']:.0f} s, "
-              f"driver {b['driver_s']:.0f} s)")
+              f"driver {b['driver_s']:.0f} s); {b['timed_s'] / wall:.0%} of the search's wall time was timed repeats")
         for t in trials:
             d = t.user_attrs["breakdown"]
             reused = t.user_attrs.get("reused_bytes")

@@ -105,9 +105,11 @@ def run_degrees(cfg: SearchConfig, ranks: int, pinned: int | None = None) -> tup
     """A study per degree, then every degree's best and plain FSDP re-measured side by side."""
     from pipeline.models.build import build_meta_model
     from pipeline.models.candidates import find_candidates
-    from pipeline.models.footprint import predict_plan, rank_runtime
+    from pipeline.models.footprint import predict_plan
     from pipeline.ranks.hosts import check_torchrun_world
     from pipeline.ranks.launch import open_pool
+    from pipeline.ranks.pooling import references_in
+    from pipeline.ranks.probe import rank_runtime
     from pipeline.rounds import interleaved
     from search.optimize import run_study
 
@@ -141,7 +143,8 @@ def run_degrees(cfg: SearchConfig, ranks: int, pinned: int | None = None) -> tup
     plans = [p for _, p in bests] + [_plain(bests[0][1])]
     labels = [lab for lab, _ in bests] + ["plain FSDP"]
     print(f"\n== side by side on {ranks} processes: {', '.join(labels)} ==", flush=True)
-    with open_pool(ranks, device=plans[0].device, threads_per_stage=plans[0].threads_per_stage) as pool:
+    with open_pool(ranks, device=plans[0].device, threads_per_stage=plans[0].threads_per_stage) as pool, \
+            references_in(pool, cfg.references):
         runs = interleaved(pool, plans, cfg.confirm_rounds, repeats=cfg.repeats, serial=False, drop_failed=True)
     runtime = rank_runtime(json.dumps(spec.to_dict(), sort_keys=True), cfg.model.granularity, plans[0].device)
     rows = []

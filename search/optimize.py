@@ -201,6 +201,7 @@ def run_study(cfg: SearchConfig, *, references: bool = False) -> StudyRun:
     from pipeline.models.candidates import find_candidates
     from pipeline.ranks.hosts import default_threads, resolve_device
     from pipeline.ranks.launch import open_pool
+    from pipeline.ranks.pooling import references_in
     from search.judging.confirm import confirm
     from search.judging.racing import RacingPruner
     from search.outputs.export import check_formats, export, export_formats, export_timelines
@@ -284,7 +285,8 @@ def run_study(cfg: SearchConfig, *, references: bool = False) -> StudyRun:
     asked = trials
     confirmation = None
     interrupted = False
-    with open_pool(world, device=device, threads_per_stage=threads) as pool:
+    with open_pool(world, device=device, threads_per_stage=threads) as pool, \
+            references_in(pool, cfg.references):
         prof, cached = load_for_stages(spec, stages=stages, device=device, threads=threads, granularity=granularity,
                                        micro_sizes=[spec.batch_size // c for c in chunks],
                                        root=Path(cfg.profiles), repeats=2, pool=pool,

@@ -8,7 +8,7 @@ from pipeline.core.errors import PipesplitError
 from pipeline.core.plan import SplitPlan, SplitPoint
 from pipeline.models.build import build_meta_model, resolve_spec
 from pipeline.models.candidates import find_candidates
-from pipeline.models.footprint import rank_runtime
+from pipeline.ranks.probe import rank_runtime
 from search.plans.fitting import device_fit
 
 BIG_LLAMA = {"num_hidden_layers": 6, "hidden_size": 1024, "intermediate_size": 4096, "num_attention_heads": 4,

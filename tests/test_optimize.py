@@ -219,7 +219,7 @@ def test_a_model_over_the_device_memory_is_searched_by_throughput_and_a_plan_ove
     import optuna
 
     from pipeline.models.build import resolve_spec
-    from pipeline.models.footprint import rank_runtime
+    from pipeline.ranks.probe import rank_runtime
 
     spec = resolve_spec("hf:llama", kwargs=BIG_LLAMA, batch_size=4, seq_len=16)
     budget = rank_runtime(json.dumps(spec.to_dict(), sort_keys=True), "block", "cpu") + 400 * 2**20

@@ -38,13 +38,15 @@ class OutputCheck:
     """|pipeline loss - unsplit loss| (training)."""
     loss_tolerance: float | None = None
     streamed_diff: float | None = None
-    """Output: max |pipeline - the streamed reference| (the plan's stages run one at a time on one rank)."""
+    """Output: max |pipeline - the streamed reference| (the plan's stages run one at a time on one rank); None
+    where the whole model's own output was compared instead (``whole_diff``)."""
     whole_diff: float | None = None
     """Output: max |pipeline - the whole model's own output|, where rank 0 held the whole model (it timed the
     serial model); None where no rank did (a model bigger than the budget)."""
     reference_made: bool | None = None
-    """Training: whether this trial made the serial step's reference (False: it compared with the loss and
-    gradients an earlier trial of the study made, which do not depend on the split); None for an output."""
+    """Whether this trial made the reference it compared with: the serial step's loss and gradients, or the
+    streamed output (False: an earlier trial's, kept by the ranks or read from the study's reference folder;
+    neither depends on the split); None where the whole model's own output was compared."""
     precision: str | None = None
     """Training in mixed precision: how both sides computed (``bf16 autocast``, ``bf16 FSDP2 policy``), and so
     why the tolerance is bfloat16's; None in the model's own dtype."""
@@ -52,8 +54,7 @@ class OutputCheck:
     def describe(self) -> str:
         """One line: what was compared, and the worst of it against its tolerance."""
         if self.compared == "output":
-            against = (f" (streamed reference {self.streamed_diff:.2e}, whole model {self.whole_diff:.2e})"
-                       if self.whole_diff is not None and self.streamed_diff is not None else
+            against = (" (whole model)" if self.whole_diff is not None else
                        " (streamed reference)" if self.streamed_diff is not None else "")
             return f"output check: max |diff| {self.diff:.2e} <= {self.tolerance:.1e}{against}"
         loss = (f"loss |diff| {self.loss_diff:.2e} <= {self.loss_tolerance:.1e}, "

@@ -6,7 +6,8 @@ search, the cost model and the CLIs see only this protocol.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+from collections.abc import Iterator, Sequence
 from typing import Any, Protocol
 
 from pipeline.core.errors import PipesplitError
@@ -15,7 +16,7 @@ from pipeline.core.result import Breakdown, TrialResult, median
 from pipeline.core.spec import ModelSpec
 from pipeline.stage.messages import ErrorReply, LinkReply, Lost, Reply, SegmentReply, TrialOptions, TrialReply
 
-__all__ = ["Pool", "RunsTrials", "check_trial_args", "link_samples", "result_from_replies"]
+__all__ = ["Pool", "RunsTrials", "check_trial_args", "link_samples", "references_in", "result_from_replies"]
 
 
 class Pool(Protocol):
@@ -25,6 +26,7 @@ class Pool(Protocol):
     device: str
     threads_per_stage: int
     restarts: int
+    reference_dir: str | None
 
     def __enter__(self) -> Pool: ...
 
@@ -50,6 +52,8 @@ class RunsTrials:
 
     stages: int
     device: str
+    reference_dir: str | None = None
+    """Where the ranks keep the study's references (``references_in``); None: in their memory only."""
 
     def run(self, plan: SplitPlan, *, repeats: int = 3, warmup: int = 1, timeout_s: float = 900.0,
             serial_all: bool = True, serial: bool = True, trace_dir: str | None = None, keep: bool = False,
@@ -57,12 +61,24 @@ class RunsTrials:
         """Run one real trial of ``plan``; a failure (bad build, wrong output, dead or hung rank) is a failed result."""
         opts = TrialOptions(repeats=repeats, warmup=warmup, serial_all=serial_all, serial=serial, trace_dir=trace_dir,
                             keep=keep, resume=resume, check_first_repeat=check_first_repeat,
-                            cached_trace=cached_trace)
+                            cached_trace=cached_trace, reference_dir=self.reference_dir)
         check_trial_args(plan, self.stages, self.device, opts)
         return self._run_trial(plan, opts, timeout_s)
 
     def _run_trial(self, plan: SplitPlan, opts: TrialOptions, timeout_s: float) -> TrialResult:
         raise NotImplementedError
+
+
+@contextlib.contextmanager
+def references_in(pool: Pool, folder: str | None) -> Iterator[Pool]:
+    """The pool's trials keep the study's references in ``folder`` for as long as the ``with`` lasts (a lent
+    pool goes back to its lender as it came)."""
+    before = pool.reference_dir
+    pool.reference_dir = folder
+    try:
+        yield pool
+    finally:
+        pool.reference_dir = before
 
 
 def check_trial_args(plan: SplitPlan, stages: int, device: str, opts: TrialOptions) -> None:

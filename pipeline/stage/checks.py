@@ -1,8 +1,9 @@
 """What a trial checks before it times: the pipeline's output (or training step) against the unsplit model.
 
-The reference never holds the whole model where it does not fit: it is streamed (``pipeline.stage.reference``),
-one block real at a time, made on the last rank before its own stage is real. Where rank 0 holds the whole
-model anyway (it times the serial baseline), the output is also checked against the whole model's own.
+Where rank 0 holds the whole model anyway (it times the serial baseline), the output is checked against the
+whole model's own, which the serial baseline's first run made. Elsewhere the reference never holds the whole
+model: it is streamed (``pipeline.stage.reference``), one block real at a time, made on the last rank before
+its own stage is real.
 """
 
 from __future__ import annotations
@@ -25,9 +26,10 @@ from pipeline.stage.messages import ErrorReply
 from pipeline.stage.rank import RankState
 from pipeline.stage.reference import streamed_output, streamed_step
 from pipeline.stage.segments import trace_all_cuts
-from pipeline.stage.training import check_grads, make_target
+from pipeline.stage.training import Reference, check_grads, make_target
 
-__all__ = ["ALL_GRADS_BYTES", "check_output", "check_step", "first_out", "loss_target", "mismatch", "reference_first"]
+__all__ = ["ALL_GRADS_BYTES", "check_output", "check_step", "first_out", "loss_target", "mismatch", "reference_first",
+           "whole_key"]
 
 ALL_GRADS_BYTES = 256 * 2**20
 """A training reference keeps every parameter's gradient where they take at most this many bytes, so that a
@@ -67,6 +69,8 @@ def finest_split(plan: SplitPlan, meta: MetaModel, x: Batch, device: torch.devic
 def reference_first(state: RankState, plan: SplitPlan, meta: MetaModel, x: Batch) -> None:
     """The streamed reference output, made before this rank's own stage is real (once per model): its blocks
     are made real one at a time into memory the stage does not hold yet, so the rank never holds both."""
+    if state.output_ref(plan.model, None)[0] is not None:
+        return  # an earlier trial's, or the study's file
     fine = finest_split(plan, meta, x, state.device)
     if fine is not None:
         with torch.no_grad():
@@ -80,7 +84,7 @@ def whole_output(state: RankState, plan: SplitPlan, y: Any, whole: Any, x: Batch
     reference (the same traced stages) cannot. None elsewhere."""
     if state.rank == 0:
         with torch.no_grad():
-            out = state.cached(f"whole:{plan.model.key}", lambda: first_out(whole(*x)).contiguous())
+            out = state.cached(whole_key(plan), lambda: first_out(whole(*x)).contiguous())
         if plan.last_rank == 0:
             return out
         dist.send(out, dst=plan.last_rank)
@@ -93,6 +97,11 @@ def whole_output(state: RankState, plan: SplitPlan, y: Any, whole: Any, x: Batch
     return None
 
 
+def whole_key(plan: SplitPlan) -> str:
+    """Where rank 0 keeps the whole model's output: made by the serial baseline's first run, or by the check."""
+    return f"whole:{plan.model.key}"
+
+
 def first_out(out: Any) -> torch.Tensor:
     first: torch.Tensor = out[0] if isinstance(out, (tuple, list)) else out
     return first
@@ -101,23 +110,29 @@ def first_out(out: Any) -> torch.Tensor:
 def check_output(state: RankState, plan: SplitPlan, y: Any, stage: BuiltStage, meta: MetaModel, x: Batch,
                   whole: Any = None, whole_on_rank0: bool = False) -> OutputCheck:
     """max |pipeline - unsplit| and its tolerance, computed on the last rank and shared with every rank: against
-    the streamed reference, and against the whole model too where rank 0 holds it (``whole_on_rank0``, the
-    same on every rank)."""
+    the whole model's own output where rank 0 holds it (``whole_on_rank0``, the same on every rank), which also
+    checks the export that the streamed reference (the same traced stages) cannot; else against the streamed
+    reference."""
     verdict: list[Any] = [None]
     eager = whole_output(state, plan, y, whole, x) if whole_on_rank0 else None
     if state.rank == plan.last_rank:
-        with torch.no_grad():
-            ref = state.output_ref(plan.model, lambda: unsplit_output(state, plan, stage, meta, x))
         got = first_out(y)
+        made = None
+        if eager is not None:
+            ref, streamed = eager, None
+        else:
+            with torch.no_grad():
+                have, _ = state.output_ref(plan.model, lambda: unsplit_output(state, plan, stage, meta, x))
+            assert have is not None
+            ref, made = have, state.output_made  # made now, or before this rank's stage (``reference_first``)
+            streamed = float((got.float() - ref.float()).abs().max())
         diff = float((got.float() - ref.float()).abs().max())
         rtol = 1e-4 if plan.model.dtype == "float32" else 2e-2
-        whole_diff = float((got.float() - eager.float()).abs().max()) if eager is not None else None
-        verdict = [(diff, rtol * max(1.0, float(ref.float().abs().max())), whole_diff)]
+        verdict = [(diff, rtol * max(1.0, float(ref.float().abs().max())), streamed, made)]
     dist.broadcast_object_list(verdict, src=plan.last_rank)
-    diff, tol, whole_diff = verdict[0]
-    worst = max(diff, whole_diff) if whole_diff is not None else diff
-    return OutputCheck(diff=float(worst), tolerance=float(tol), streamed_diff=float(diff),
-                       whole_diff=None if whole_diff is None else float(whole_diff))
+    diff, tol, streamed, made = verdict[0]
+    return OutputCheck(diff=float(diff), tolerance=float(tol), streamed_diff=streamed,
+                       whole_diff=float(diff) if whole_on_rank0 else None, reference_made=made)
 
 
 def mismatch(rank: int, diff: float, tol: float, what: str) -> ErrorReply:
@@ -152,9 +167,17 @@ def check_step(state: RankState, plan: SplitPlan, stage: BuiltStage, losses: Any
     # the traced microbatch is a replica's: the reference runs the global batch in microbatches of that size
     chunks = plan.chunks * plan.dp_shard
     mp, sharded = plan.model.mixed_precision, plan.dp_shard > 1
-    ref, made = state.reference(plan.model, names, lambda: streamed_step(stage.split_gm, meta, x, target, chunks,
-                                                                         state.device, want, name_in(meta), mp, sharded),
-                                variant="|fsdp" if mp and sharded else "")
+    variant = "|fsdp" if mp and sharded else ""
+
+    def make() -> Reference:
+        return streamed_step(stage.split_gm, meta, x, target, chunks, state.device, want, name_in(meta), mp, sharded)
+
+    if want is every_name:  # the study's whole reference: made once, by rank 0 where the ranks share its file
+        ref, made = state.reference_once(plan.model, names, make, variant, every_name)
+    else:
+        got_ref, made = state.reference(plan.model, names, make, variant)
+        assert got_ref is not None
+        ref = got_ref
     # bfloat16 compute: a tolerance of bfloat16's order (tighter than a bfloat16 model's: the reference computes
     # in the same precision, and differs only in the order its microbatches' gradients are summed)
     rtol = (1e-2 if mp else 1e-3) if plan.model.dtype == "float32" else 5e-2

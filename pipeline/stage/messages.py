@@ -40,10 +40,14 @@ class TrialOptions:
     resume: bool = False
     """Add repeats to the stage the previous trial kept for this same plan: no build and no output check (it
     passed in that trial); a rank that kept none builds and checks as usual."""
+    reference_dir: str | None = None
+    """The study's reference folder (``pipeline.stage.refstore``): what the check compares with, made once and
+    read by later pools and processes; None keeps it in the ranks' memory only."""
 
     def __post_init__(self) -> None:
-        if self.trace_dir:
-            object.__setattr__(self, "trace_dir", os.path.abspath(self.trace_dir))
+        for name in ("trace_dir", "reference_dir"):
+            if getattr(self, name):
+                object.__setattr__(self, name, os.path.abspath(getattr(self, name)))
 
 
 @dataclass(frozen=True, kw_only=True)

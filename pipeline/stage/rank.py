@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from pipeline.core.errors import one_line
+from pipeline.core.errors import PipesplitError, one_line
 from pipeline.core.spec import ModelSpec
 from pipeline.logs import quiet_logs
 from pipeline.models.build import build_meta_model
@@ -25,10 +25,14 @@ from pipeline.models.kept import KeptTensors
 from pipeline.models.meta import MetaModel
 from pipeline.models.traces import TraceCache
 from pipeline.models.weights import whole_model
+from pipeline.stage import refstore
 from pipeline.stage.instrument import CommClock, Peak, hook_torch_p2p
 from pipeline.stage.training import Reference
 
-__all__ = ["TRACING_STACK", "RankState", "WorkerConfig", "gpu_index", "join_group", "one_line"]
+OUTPUT = "output"
+"""The name the unsplit model's output goes by in a reference file."""
+
+__all__ = ["OUTPUT", "TRACING_STACK", "RankState", "WorkerConfig", "gpu_index", "join_group", "one_line"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -71,6 +75,10 @@ class RankState:
         self.comm: CommClock | None = None
         self.weights = KeptTensors()
         """The real tensors of the last stage this rank built, by name, for the next plan (forward-only trials)."""
+        self.output_made = False
+        """Whether this trial made the output reference (rather than reading an earlier trial's or the file)."""
+        self.ref_dir: str | None = None
+        """The study's reference folder (``pipeline.stage.refstore``), set by each trial; None: memory only."""
         self.kept: tuple[str, Any, float, float, int, Any] | None = None
         """(plan identity, built stage, output difference, tolerance, bytes sent, its OutputCheck) kept by a
         trial for a resumed one."""
@@ -100,11 +108,24 @@ class RankState:
             self.serial_models[spec.key] = whole_model(self.model(spec), self.device).eval()
         return self.serial_models[spec.key]
 
-    def output_ref(self, spec: ModelSpec, make: Callable[[], torch.Tensor]) -> torch.Tensor:
-        """The unsplit model's output for ``spec``'s batch, made once per model."""
+    def output_ref(self, spec: ModelSpec, make: Callable[[], torch.Tensor] | None
+                   ) -> tuple[torch.Tensor | None, bool]:
+        """The unsplit model's output for ``spec``'s batch and whether it was made now: made once per model, and
+        kept in the study's reference folder (``ref_dir``) for later pools and processes (``make`` None: only
+        look)."""
         if spec.key not in self.refs:
+            key = refstore.reference_key(spec.key, "output", self.device.type, checkpoint=spec.checkpoint)
+            stored = refstore.load(self.ref_dir, key, device=self.device) if self.ref_dir else None
+            if stored is not None and OUTPUT in stored.tensors:
+                self.refs[spec.key] = stored.tensors[OUTPUT]
+                return self.refs[spec.key], False
+            if make is None:
+                return None, False
             self.refs[spec.key] = make()
-        return self.refs[spec.key]
+            self.output_made = True
+            self._store(key, refstore.StoredReference(tensors={OUTPUT: self.refs[spec.key]}))
+            return self.refs[spec.key], True
+        return self.refs[spec.key], False
 
     def cached(self, key: str, make: Callable[[], torch.Tensor]) -> torch.Tensor:
         """A tensor made once per key and model (``refs`` is cleared with the model)."""
@@ -112,19 +133,61 @@ class RankState:
             self.refs[key] = make()
         return self.refs[key]
 
-    def reference(self, spec: ModelSpec, names: frozenset[str], make: Callable[[], Reference],
-                  variant: str = "") -> tuple[Reference, bool]:
+    def reference(self, spec: ModelSpec, names: frozenset[str], make: Callable[[], Reference] | None,
+                  variant: str = "", every: frozenset[str] | None = None) -> tuple[Reference | None, bool]:
         """The serial training step's loss and the gradients of (at least) ``names``, and whether it was made now:
-        a kept reference of the same model that holds them serves (the step does not depend on the split);
-        ``variant`` names what else it depends on (mixed precision: sharded stages compute as FSDP2 does)."""
+        a kept reference of the same model that holds them serves (the step does not depend on the split), or
+        the study's file of it (``ref_dir``); else ``make`` makes it (None: only look), and one that holds
+        ``every`` gradient is written there. ``variant`` names what else it depends on (mixed precision: sharded
+        stages compute as FSDP2 does)."""
         want = spec.key + variant
         for (key, have), ref in self.grad_refs.items():
             if key == want and names <= have:
                 return ref, False
+        file_key = refstore.reference_key(spec.key, "step", self.device.type, variant, spec.checkpoint)
+        stored = refstore.load(self.ref_dir, file_key, names, self.device) if self.ref_dir else None
+        if stored is not None and stored.loss is not None:
+            self.grad_refs.clear()
+            ref = Reference(loss=stored.loss, grads=stored.tensors)
+            self.grad_refs[(want, frozenset(ref.grads))] = ref
+            return ref, False
+        if make is None:
+            return None, False
         self.grad_refs.clear()  # one reference kept at a time
         ref = make()
         self.grad_refs[(want, frozenset(ref.grads))] = ref
+        if every is not None and every <= frozenset(ref.grads):
+            self._store(file_key, refstore.StoredReference(tensors=ref.grads, loss=ref.loss))
         return ref, True
+
+    def _store(self, key: str, ref: refstore.StoredReference) -> None:
+        """Write a reference to the study's folder; one this host cannot write is kept in memory only (the
+        trial does not fail for a cache)."""
+        if self.ref_dir:
+            try:
+                refstore.save(self.ref_dir, key, ref)
+            except (OSError, PipesplitError):
+                pass  # read by no later process: made again there, as without a folder
+
+    def reference_once(self, spec: ModelSpec, names: frozenset[str], make: Callable[[], Reference],
+                       variant: str, every: frozenset[str]) -> tuple[Reference, bool]:
+        """``reference`` of every gradient made by rank 0 alone where a reference folder is shared: it writes it,
+        then the other ranks read it (a rank on a host that cannot see the file makes its own); every rank
+        calls this at once."""
+        if not self.ref_dir:
+            ref, made = self.reference(spec, names, make, variant, every)
+            assert ref is not None
+            return ref, made
+        have = self.reference(spec, names, None, variant)[0] is not None
+        flags: list[object] = [None] * self.world
+        dist.all_gather_object(flags, have)
+        ref, made = (None, False) if have or self.rank != 0 else self.reference(spec, names, make, variant, every)
+        if not all(flags):
+            dist.barrier()  # rank 0's file is written
+        if ref is None:
+            ref, made = self.reference(spec, names, make, variant, every)
+        assert ref is not None
+        return ref, made
 
     def serial(self, work: Callable[[], object], threads: int | None) -> float:
         """Time ``work`` (the unsplit model's forward, or its training step) on rank 0 while every other rank

@@ -30,7 +30,7 @@ from pipeline.core.result import OutputCheck
 from pipeline.models.batch import Batch, example_input
 from pipeline.models.weights import whole_model
 from pipeline.stage.build import BuiltStage, build_stage, other_backend
-from pipeline.stage.checks import check_output, check_step, loss_target, mismatch, reference_first
+from pipeline.stage.checks import check_output, check_step, first_out, loss_target, mismatch, reference_first, whole_key
 from pipeline.stage.instrument import CommClock, CommSpan, ComputeClock, Span, hook_pippy_p2p, quiet_stderr, since
 from pipeline.stage.mesh import MeshView, mesh_view, replica_rows
 from pipeline.stage.messages import ErrorReply, TrialOptions, TrialReply
@@ -55,6 +55,7 @@ def run_trial(state: RankState, plan: SplitPlan, opts: TrialOptions) -> TrialRep
     if state.device.type == "cpu":
         torch.set_num_threads(plan.threads_per_stage)
     state.peak.reset()
+    state.ref_dir, state.output_made = opts.reference_dir, False
     identity = json.dumps(plan.to_dict(), sort_keys=True)
     kept = state.kept if opts.resume and state.kept is not None and state.kept[0] == identity else None
     if state.kept is not None and kept is None:
@@ -65,6 +66,7 @@ def run_trial(state: RankState, plan: SplitPlan, opts: TrialOptions) -> TrialRep
     error = None
     stage: BuiltStage | None = None
     train = plan.mode == "train"
+    whole_on_rank0 = (opts.serial or opts.serial_all) and not train  # every rank knows rank 0 holds the whole model
     target = None
     mesh: MeshView | None = None
     pp_rank = rank
@@ -77,7 +79,8 @@ def run_trial(state: RankState, plan: SplitPlan, opts: TrialOptions) -> TrialRep
         xs = replica_rows(x, mesh.dp_rank, mesh.dp_shard) if mesh is not None else x
         if train:
             target = loss_target(plan, meta, x)
-        elif rank == plan.last_rank and plan.backend == "torch" and plan.model.key not in state.refs:
+        elif rank == plan.last_rank and plan.backend == "torch" and plan.model.key not in state.refs \
+                and not whole_on_rank0:  # rank 0's whole model gives the output to compare with: nothing streams
             reference_first(state, plan, meta, x)
         reuse = not train and plan.backend == "torch"
         if not reuse and kept is None:
@@ -131,10 +134,16 @@ def run_trial(state: RankState, plan: SplitPlan, opts: TrialOptions) -> TrialRep
                             plan.model.mixed_precision) \
         if train and timed_serial and target is not None else None
     serial_model = state.serial_model(plan.model) if timed_serial and not train else None
-    whole_on_rank0 = (opts.serial or opts.serial_all) and not train  # every rank knows rank 0 holds the whole model
 
     def serial_run() -> Any:
-        return trainer.step(x) if trainer is not None else serial_model(*x) if serial_model is not None else None
+        if trainer is not None:
+            return trainer.step(x)
+        if serial_model is None:
+            return None
+        out = serial_model(*x)
+        if whole_on_rank0:  # the whole model's own output, which the check compares with: no forward of its own
+            state.cached(whole_key(plan), lambda: first_out(out).detach().contiguous())
+        return out
 
     try:
         with torch.set_grad_enabled(train):

@@ -32,8 +32,8 @@ class DeviceFit:
     memory_of: Callable[[SplitPlan], MemoryPrediction] | None = field(default=None, compare=False)
     """Each plan's per-rank prediction without the runtime's own memory (None without a limit)."""
     first_runtime: int = 0
-    """The runtime memory predicted on each rank until a trial measures it: a fresh interpreter's that imports
-    what a rank imports (``pipeline.models.footprint.rank_runtime``)."""
+    """The runtime memory predicted on each rank until a trial measures it: a process's started as the ranks are
+    that builds what a rank builds before its stage (``pipeline.ranks.probe.rank_runtime``)."""
     lean_cuts: tuple[int, ...] = ()
     """Block cuts whose largest rank needs least (empty without a limit, or with virtual stages)."""
     least_recompute: Callable[[SplitPlan, Sequence[int]], tuple[int, ...] | None] | None = field(default=None,
@@ -64,7 +64,8 @@ def device_fit(budget: int | None, meta: Any, cands: Any, spec: ModelSpec, *, ra
     meta) and does not fit."""
     if budget is None:
         return DeviceFit(metric=choose_metric(objective, serial_fits=True))
-    from pipeline.models.footprint import leaf_outputs, least_recompute, predict_plan, rank_runtime, require_fitting_plan
+    from pipeline.models.footprint import leaf_outputs, least_recompute, predict_plan, require_fitting_plan
+    from pipeline.ranks.probe import rank_runtime
 
     leaves = leaf_outputs(meta, spec, cands)
     import json

@@ -112,6 +112,12 @@ class SearchConfig:
         """The profile cache this study reads and writes."""
         return self.profile_dir or os.environ.get(PROFILE_DIR_ENV) or os.path.join(self.results_dir, "profiles")
 
+    @property
+    def references(self) -> str:
+        """Where the ranks keep what a trial's check compares with, made once for every study of the model
+        (``pipeline.stage.refstore``): beside the profiles."""
+        return os.path.join(self.profiles, "references")
+
     def __post_init__(self) -> None:
         check_ranks(self.stages, min(self.stages_per_rank, default=1))
         for flag in ("repeats", "confirm_rounds"):
