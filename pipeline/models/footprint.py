@@ -28,8 +28,8 @@ from pipeline.models.traces import run_hooked
 from pipeline.models.weights import with_forward
 
 __all__ = ["LeafBytes", "StageBytes", "default_budget", "leaf_outputs", "leanest", "least_recompute", "measured_saved",
-           "predict_plan",
-           "require_fitting_plan", "rank_runtime", "require_whole_fits", "resident_bytes", "segment_bytes", "stage_bytes"]
+           "predict_plan", "probe_resident", "require_fitting_plan", "rank_runtime",
+           "require_whole_fits", "resident_bytes", "segment_bytes", "stage_bytes"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -151,20 +151,29 @@ def resident_bytes() -> int:
 
 
 _PROBE = """
-import json, sys
+import sys
 import torch, torch.distributed, torch._dynamo, torch.export
 import pipeline.stage.trial
-from pipeline.core.spec import ModelSpec
-from pipeline.models.build import build_meta_model
-from pipeline.models.candidates import find_candidates
-from pipeline.models.fake import fake_model
-from pipeline.models.footprint import resident_bytes
-spec = ModelSpec.from_dict(json.loads(sys.argv[1]))
-meta = build_meta_model(spec)
-find_candidates(meta, spec, sys.argv[2])
-fake_model(meta, torch.device("cpu"))
-print(resident_bytes())
+from pipeline.models.footprint import probe_resident
+print(probe_resident(sys.argv[1], sys.argv[2]))
 """
+
+
+def probe_resident(spec_json: str, granularity: str) -> int:
+    """In a probe process (a fresh interpreter, or one forked as the ranks are): build what a rank builds
+    before its stage (the model on meta, its candidates, its fake-tensor copy); its resident bytes then."""
+    import json
+
+    from pipeline.core.spec import ModelSpec
+    from pipeline.models.build import build_meta_model
+    from pipeline.models.candidates import find_candidates
+    from pipeline.models.fake import fake_model
+
+    spec = ModelSpec.from_dict(json.loads(spec_json))
+    meta = build_meta_model(spec)
+    find_candidates(meta, spec, granularity)
+    fake_model(meta, torch.device("cpu"))
+    return resident_bytes()
 
 
 @functools.lru_cache(maxsize=4)

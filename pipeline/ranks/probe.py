@@ -18,23 +18,11 @@ PROBE_TIMEOUT_S = 600.0
 
 
 def _probe(spec_json: str, granularity: str, conn: Connection) -> None:
-    """In the probe process: build what a rank builds before its stage, send back its resident bytes."""
-    import json
-
-    import torch
-
-    from pipeline.core.spec import ModelSpec
-    from pipeline.models.build import build_meta_model
-    from pipeline.models.candidates import find_candidates
-    from pipeline.models.fake import fake_model
-    from pipeline.models.footprint import resident_bytes
+    """In the probe process: what a rank builds before its stage, its resident bytes sent back."""
+    from pipeline.models.footprint import probe_resident
 
     try:
-        spec = ModelSpec.from_dict(json.loads(spec_json))
-        meta = build_meta_model(spec)
-        find_candidates(meta, spec, granularity)
-        fake_model(meta, torch.device("cpu"))
-        conn.send(resident_bytes())
+        conn.send(probe_resident(spec_json, granularity))
     except Exception as e:  # noqa: BLE001 - the caller falls back to a fresh interpreter's figure
         conn.send(repr(e))
     finally:
