@@ -38,8 +38,9 @@ class OutputCheck:
     """|pipeline loss - unsplit loss| (training)."""
     loss_tolerance: float | None = None
     streamed_diff: float | None = None
-    """Output: max |pipeline - the streamed reference| (the plan's stages run one at a time on one rank); None
-    where the whole model's own output was compared instead (``whole_diff``)."""
+    """Output: max |pipeline - the streamed reference| (the model's finest split, run one block at a time on
+    one rank or relayed by the ranks: ``made_by``); None where the whole model's own output was compared
+    instead (``whole_diff``)."""
     whole_diff: float | None = None
     """Output: max |pipeline - the whole model's own output|, where rank 0 held the whole model (it timed the
     serial model); None where no rank did (a model bigger than the budget)."""
@@ -47,6 +48,10 @@ class OutputCheck:
     """Whether this trial made the reference it compared with: the serial step's loss and gradients, or the
     streamed output (False: an earlier trial's, kept by the ranks or read from the study's reference folder;
     neither depends on the split); None where the whole model's own output was compared."""
+    made_by: str | None = None
+    """Output, where this trial made the reference: ``relayed`` (the ranks ran the model's finest split together,
+    each its own stage's blocks with the tensors it had just made, ``pipeline.stage.relay``) or ``streamed`` (the
+    last rank made every block of the model, one at a time); None otherwise."""
     precision: str | None = None
     """Training in mixed precision: how both sides computed (``bf16 autocast``, ``bf16 FSDP2 policy``), and so
     why the tolerance is bfloat16's; None in the model's own dtype."""

@@ -117,22 +117,23 @@ def check_output(state: RankState, plan: SplitPlan, y: Any, stage: BuiltStage, m
     eager = whole_output(state, plan, y, whole, x) if whole_on_rank0 else None
     if state.rank == plan.last_rank:
         got = first_out(y)
-        made = None
+        made, how = None, None
         if eager is not None:
             ref, streamed = eager, None
         else:
             with torch.no_grad():
                 have, _ = state.output_ref(plan.model, lambda: unsplit_output(state, plan, stage, meta, x))
             assert have is not None
-            ref, made = have, state.output_made  # made now, or before this rank's stage (``reference_first``)
+            # made now, before this rank's stage (``reference_first``) or by the ranks after it (``relay``)
+            ref, made, how = have, state.output_made, state.output_how if state.output_made else None
             streamed = float((got.float() - ref.float()).abs().max())
         diff = float((got.float() - ref.float()).abs().max())
         rtol = 1e-4 if plan.model.dtype == "float32" else 2e-2
-        verdict = [(diff, rtol * max(1.0, float(ref.float().abs().max())), streamed, made)]
+        verdict = [(diff, rtol * max(1.0, float(ref.float().abs().max())), streamed, made, how)]
     dist.broadcast_object_list(verdict, src=plan.last_rank)
-    diff, tol, streamed, made = verdict[0]
+    diff, tol, streamed, made, how = verdict[0]
     return OutputCheck(diff=float(diff), tolerance=float(tol), streamed_diff=streamed,
-                       whole_diff=float(diff) if whole_on_rank0 else None, reference_made=made)
+                       whole_diff=float(diff) if whole_on_rank0 else None, reference_made=made, made_by=how)
 
 
 def mismatch(rank: int, diff: float, tol: float, what: str) -> ErrorReply:

@@ -77,6 +77,8 @@ class RankState:
         """The real tensors of the last stage this rank built, by name, for the next plan (forward-only trials)."""
         self.output_made = False
         """Whether this trial made the output reference (rather than reading an earlier trial's or the file)."""
+        self.output_how: str | None = None
+        """How it was made: ``streamed`` or ``relayed`` (``pipeline.stage.relay``)."""
         self.ref_dir: str | None = None
         """The study's reference folder (``pipeline.stage.refstore``), set by each trial; None: memory only."""
         self.kept: tuple[str, Any, float, float, int, Any] | None = None
@@ -108,11 +110,11 @@ class RankState:
             self.serial_models[spec.key] = whole_model(self.model(spec), self.device).eval()
         return self.serial_models[spec.key]
 
-    def output_ref(self, spec: ModelSpec, make: Callable[[], torch.Tensor] | None
+    def output_ref(self, spec: ModelSpec, make: Callable[[], torch.Tensor] | None, how: str = "streamed"
                    ) -> tuple[torch.Tensor | None, bool]:
         """The unsplit model's output for ``spec``'s batch and whether it was made now: made once per model, and
         kept in the study's reference folder (``ref_dir``) for later pools and processes (``make`` None: only
-        look)."""
+        look; ``how``: what ``make`` does, for the trial's record)."""
         if spec.key not in self.refs:
             key = refstore.reference_key(spec.key, "output", self.device.type, checkpoint=spec.checkpoint)
             stored = refstore.load(self.ref_dir, key, device=self.device) if self.ref_dir else None
@@ -122,7 +124,7 @@ class RankState:
             if make is None:
                 return None, False
             self.refs[spec.key] = make()
-            self.output_made = True
+            self.output_made, self.output_how = True, how
             self._store(key, refstore.StoredReference(tensors={OUTPUT: self.refs[spec.key]}))
             return self.refs[spec.key], True
         return self.refs[spec.key], False

@@ -19,6 +19,7 @@ import torch
 from torch import fx, nn
 
 from pipeline.models.batch import Batch
+from pipeline.models.kept import KeptTensors
 from pipeline.models.meta import MetaModel
 from pipeline.models.weights import empty_copy, materialise_module
 from pipeline.stage.precision import run_stage
@@ -28,10 +29,11 @@ __all__ = ["trim_heap", "release", "streamed_output", "streamed_step"]
 
 
 def _stage(split_gm: fx.GraphModule, target: str, meta: MetaModel, device: torch.device, name_of: Callable[[str], str],
-           train: bool) -> nn.Module:
-    """A private, real copy of one stage of ``split_gm`` (which stays on meta)."""
+           train: bool, kept: KeptTensors | None = None) -> nn.Module:
+    """A private, real copy of one stage of ``split_gm`` (which stays on meta), its tensors taken from ``kept``
+    where it holds them."""
     mod = empty_copy(split_gm.get_submodule(target))
-    materialise_module(mod, meta, device, name_of, train=train)
+    materialise_module(mod, meta, device, name_of, train=train, kept=kept)
     return mod
 
 

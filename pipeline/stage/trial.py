@@ -28,6 +28,7 @@ from pipeline.core.errors import PipesplitError, one_line
 from pipeline.core.plan import SplitPlan
 from pipeline.core.result import OutputCheck
 from pipeline.models.batch import Batch, example_input
+from pipeline.models.meta import MetaModel
 from pipeline.models.weights import whole_model
 from pipeline.stage.build import BuiltStage, build_stage, other_backend
 from pipeline.stage.checks import check_output, check_step, first_out, loss_target, mismatch, reference_first, whole_key
@@ -36,6 +37,7 @@ from pipeline.stage.mesh import MeshView, mesh_view, replica_rows
 from pipeline.stage.messages import ErrorReply, TrialOptions, TrialReply
 from pipeline.stage.rank import RankState
 from pipeline.stage.reference import release
+from pipeline.stage.relay import plan_relay, relay_output
 from pipeline.stage.training import SerialTrainer
 
 __all__ = ["run_trial"]
@@ -55,7 +57,7 @@ def run_trial(state: RankState, plan: SplitPlan, opts: TrialOptions) -> TrialRep
     if state.device.type == "cpu":
         torch.set_num_threads(plan.threads_per_stage)
     state.peak.reset()
-    state.ref_dir, state.output_made = opts.reference_dir, False
+    state.ref_dir, state.output_made, state.output_how = opts.reference_dir, False, None
     identity = json.dumps(plan.to_dict(), sort_keys=True)
     kept = state.kept if opts.resume and state.kept is not None and state.kept[0] == identity else None
     if state.kept is not None and kept is None:
@@ -70,17 +72,27 @@ def run_trial(state: RankState, plan: SplitPlan, opts: TrialOptions) -> TrialRep
     target = None
     mesh: MeshView | None = None
     pp_rank = rank
+    got: tuple[MetaModel, Batch] | None = None
     try:
         if plan.dp_shard > 1:  # every rank makes the mesh's groups at once (a collective), once per shape
             mesh = mesh_view(rank, plan.ranks, plan.dp_shard, state.device, plan.mesh_order)
             pp_rank = mesh.pp_rank
         meta = state.model(plan.model)
         x = example_input(plan.model, state.device)
+        got = (meta, x)
         xs = replica_rows(x, mesh.dp_rank, mesh.dp_shard) if mesh is not None else x
         if train:
             target = loss_target(plan, meta, x)
-        elif rank == plan.last_rank and plan.backend == "torch" and plan.model.key not in state.refs \
-                and not whole_on_rank0:  # rank 0's whole model gives the output to compare with: nothing streams
+    except Exception as e:  # noqa: BLE001 - reported as the trial's reason
+        error = f"rank {rank} could not build its stage for cuts [{', '.join(plan.split_spec())}]: {one_line(e)}"
+    relay = None
+    if not train and plan.backend == "torch" and not whole_on_rank0:  # every rank asks at once (a collective)
+        relay = plan_relay(state, plan, got if error is None else None)
+    try:
+        if error is not None:
+            raise _Failed(error)
+        if relay is None and rank == plan.last_rank and plan.backend == "torch" and plan.model.key not in state.refs \
+                and not train and not whole_on_rank0:  # rank 0's whole model gives the output: nothing streams
             reference_first(state, plan, meta, x)
         reuse = not train and plan.backend == "torch"
         if not reuse and kept is None:
@@ -92,6 +104,8 @@ def run_trial(state: RankState, plan: SplitPlan, opts: TrialOptions) -> TrialRep
                                                              traces=state.traces if opts.cached_trace else None,
                                                              target=mine, kept=state.weights if reuse else None,
                                                              mesh=mesh)
+    except _Failed:
+        pass
     except Exception as e:  # noqa: BLE001 - reported as the trial's reason
         cuts = ", ".join(plan.split_spec())
         error = (f"rank {rank} could not build its stage for cuts [{cuts}]: {one_line(e)}"
@@ -103,6 +117,13 @@ def run_trial(state: RankState, plan: SplitPlan, opts: TrialOptions) -> TrialRep
     t_built = time.perf_counter()
     build_s = t_built - t_recv
     t_checked = t_warm = t_timed = t_built
+    if relay is not None:  # the output reference, made by the ranks together from their own stages' tensors
+        try:
+            made = relay_output(state, plan, got[0], got[1], relay) if got is not None else None
+        except Exception as e:  # noqa: BLE001 - a rank that fails here fails the trial with its reason
+            return ErrorReply(rank=rank, error=f"rank {rank} could not relay the reference output: {one_line(e)}")
+        if made is not None:
+            state.output_ref(plan.model, lambda: made, "relayed")
     clock = ComputeClock(stage.modules, state.device)
     if stage.work is not None:
         stage.work.now = clock.now  # the schedule's actions on the compute spans' clock
@@ -223,6 +244,10 @@ def run_trial(state: RankState, plan: SplitPlan, opts: TrialOptions) -> TrialRep
                       phases=(build_s, t_checked - t_built + check_in_loop, t_warm - t_checked,
                               t_timed - t_warm - check_in_loop), actions=actions,
                       work_events=tuple(work_events))
+
+
+class _Failed(Exception):
+    """The trial failed before its build: the reason is already this rank's ``error``."""
 
 
 def _let_go(stage: BuiltStage) -> None:
