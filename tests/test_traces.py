@@ -49,3 +49,28 @@ def test_a_cut_it_cannot_serve_is_left_to_a_fresh_trace(tiny_spec):
     small.pipe(tiny_spec.key, model, mb, {"blocks.1": "BEGINNING"})
     small.pipe(tiny_spec.key, model, (mb[0][:2],), {"blocks.1": "BEGINNING"})
     assert small.misses == 2 and len(small._exports) == 1
+
+
+def test_a_rank_unflattens_only_its_own_stages_and_they_run_as_torchs(tiny_spec):
+    from pipeline.models.traces import FLAT
+
+    model = build_model(tiny_spec)
+    mb = example_input(tiny_spec, torch.device("cpu"))[0].chunk(2)[0]
+    cache = TraceCache()
+    spec = {"blocks.1": "BEGINNING", "blocks.3": "BEGINNING"}
+    whole = cache.pipe(tiny_spec.key, model, (mb,), spec)
+    mine = cache.pipe(tiny_spec.key, model, (mb,), spec, held=(1,))
+    assert whole is not None and mine is not None
+    stages, theirs = list(mine.split_gm.children()), list(whole.split_gm.children())
+    assert [getattr(m, FLAT, False) for m in stages] == [True, False, True]
+    assert not any(getattr(m, FLAT, False) for m in whole.split_gm.children())
+    # the held stage is torch's own module tree (same submodules, same names, same code); the flat ones compute
+    # the same values; the whole split runs as before
+    assert [n for n, _ in stages[1].named_modules()] == [n for n, _ in theirs[1].named_modules()]
+    assert [n for n, _ in stages[1].named_parameters()] == [n for n, _ in theirs[1].named_parameters()]
+    assert stages[1].code == theirs[1].code
+    assert [n for n, _ in stages[0].named_parameters()] == [n for n, _ in theirs[0].named_parameters()]
+    with torch.no_grad():
+        got, want = mine(mb), whole(mb)
+    got, want = (v[0] if isinstance(v, tuple) else v for v in (got, want))
+    assert torch.equal(got, want)

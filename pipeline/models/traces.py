@@ -9,8 +9,10 @@ name), and builds each plan's ``Pipe`` with torch's own ``Pipe._from_traced`` on
 ``split_policy`` that removes the markers the plan does not cut at, then gives the first stage the
 model's own calling convention as ``Pipe.from_tracing`` ends (``_first_stage_codegen``), from a codegen
 unlifted once per export: ``from_tracing`` unlifts the whole exported program again for every plan only
-to read it (DeiT-S: 0.2 s of a 0.4-1.0 s split, on every rank). The output check still runs on every
-trial. A plan that cuts elsewhere (an ``END`` split, a module called twice), or a model whose marked
+to read it (DeiT-S: 0.2 s of a 0.4-1.0 s split, on every rank). ``_from_traced`` itself unlifts the export
+again too: it is given one unlifting per export (``_Unlifted``), and unflattens only the stages the rank
+runs (``held``; torch unflattens every stage into modules whose each graph it compiles). The output check
+still runs on every trial. A plan that cuts elsewhere (an ``END`` split, a module called twice), or a model whose marked
 export or split fails here, is traced afresh (and a failure there is the trial's reason).
 
 The stages share the cached export's parameters: they only run forward (inference); a stage that
@@ -19,9 +21,11 @@ trains must not be built from here.
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import logging
 from collections import Counter, OrderedDict
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping
 from typing import Any
 
 import torch
@@ -111,6 +115,52 @@ def _keep_only(cuts: frozenset[str]) -> Callable[[fx.GraphModule], fx.GraphModul
     return policy
 
 
+FLAT = "_pipesplit_flat"
+"""Set on a stage module left as one flat graph (a stage this rank does not run)."""
+
+
+class _Unlifted:
+    """An export as ``Pipe._from_traced`` reads it, unlifted once: its ``module()`` is a new graph module over
+    a copy of the one unlifted graph (torch unlifts the whole exported program again for every plan)."""
+
+    def __init__(self, exported: Any) -> None:
+        self.constants = exported.constants
+        self.unlifted = exported.module(check_guards=False)
+
+    def module(self, check_guards: bool = False) -> fx.GraphModule:
+        gm = fx.GraphModule(self.unlifted, copy.deepcopy(self.unlifted.graph))
+        if not logging.getLogger("torch.distributed.pipelining._IR").isEnabledFor(logging.DEBUG):
+            gm.print_readable = lambda *a, **k: ""  # type: ignore[method-assign]  # torch logs it at DEBUG, made always
+        return gm
+
+
+@contextlib.contextmanager
+def _outlining(held: Collection[int] | None) -> Iterator[None]:
+    """While ``Pipe._from_traced`` runs: only the stages in ``held`` unflattened (torch outlines every stage,
+    in the order it registers them, into modules whose each graph it compiles: most of a split's time)."""
+    if held is None:
+        yield
+        return
+    from torch.distributed.pipelining import _IR
+
+    outline: Callable[[fx.Graph], fx.GraphModule] = getattr(_IR, "_outline_submodules")  # noqa: B009
+    seen = [0]
+
+    def some(graph: fx.Graph) -> fx.GraphModule:
+        i, seen[0] = seen[0], seen[0] + 1
+        if i in held:
+            return outline(graph)
+        flat = fx.GraphModule(nn.Module(), graph)
+        setattr(flat, FLAT, True)
+        return flat
+
+    setattr(_IR, "_outline_submodules", some)  # noqa: B010
+    try:
+        yield
+    finally:
+        setattr(_IR, "_outline_submodules", outline)  # noqa: B010
+
+
 class TraceCache:
     """A worker's exports: per model one copy marked at every module start; per microbatch shape, its export."""
 
@@ -123,9 +173,12 @@ class TraceCache:
         self.hits = 0
         self.misses = 0
 
-    def pipe(self, key: str, model: nn.Module, mb: Batch, split_spec: Mapping[str, str]) -> Any | None:
+    def pipe(self, key: str, model: nn.Module, mb: Batch, split_spec: Mapping[str, str],
+             held: Collection[int] | None = None) -> Any | None:
         """torch's ``Pipe`` for these cuts from the cached export (made on first use), or None when the
-        plan cuts somewhere the export has no marker (the caller traces it afresh)."""
+        plan cuts somewhere the export has no marker (the caller traces it afresh). ``held``: the stages this
+        rank runs, the only ones unflattened into torch's module tree (the others stay one flat graph each,
+        which only their place in the split's root graph is read from); None: every stage."""
         if any(kind != "BEGINNING" for kind in split_spec.values()):
             return None
         try:
@@ -139,18 +192,22 @@ class TraceCache:
         from torch.distributed.pipelining._IR import MultiUseParameterConfig, Pipe
 
         try:
-            pipe = Pipe._from_traced(self._marked[key], exported, MultiUseParameterConfig.REPLICATE,
-                                     output_loss_value_spec=None, split_policy=_keep_only(cuts))
+            with _outlining(held):
+                pipe = Pipe._from_traced(self._marked[key], exported, MultiUseParameterConfig.REPLICATE,
+                                         output_loss_value_spec=None, split_policy=_keep_only(cuts))
+            if held is not None and [not getattr(m, FLAT, False) for m in pipe.split_gm.children()] != \
+                    [i in held for i in range(pipe.num_stages)]:
+                return None  # stages not in the order torch registers them: traced afresh, whole
             _first_stage_codegen(pipe, *self._codegen_of(_shape_key(key, mb), exported))
             return pipe
         except Exception:  # noqa: BLE001 - the fresh trace then runs, and reports its own failure
             return None
 
-    def _codegen_of(self, k: tuple[str, str], exported: Any) -> tuple[int, Any]:
+    def _codegen_of(self, k: tuple[str, str], exported: _Unlifted) -> tuple[int, Any]:
         if k not in self._codegen:
             from inspect import signature
 
-            unlifted = exported.module()
+            unlifted = exported.unlifted
             self._codegen[k] = (len(signature(unlifted.forward).parameters), unlifted.graph._codegen)
         return self._codegen[k]
 
@@ -173,7 +230,7 @@ class TraceCache:
             self._marked[key] = marked
         exported = Pipe._trace_with_export(self._marked[key], mb, None)
         markers = frozenset(f for f in (marker_fqn(n) for n in exported.graph.nodes) if f is not None)
-        self._exports[k] = (exported, markers)
+        self._exports[k] = (_Unlifted(exported), markers)
         while len(self._exports) > self.limit:
             dropped, _ = self._exports.popitem(last=False)
             self._codegen.pop(dropped, None)

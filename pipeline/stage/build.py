@@ -126,7 +126,9 @@ def _build_torch(plan: SplitPlan, meta: MetaModel, x: Batch, rank: int, device: 
         mb = fake.inputs(in_dtype(first_chunk(x, plan.chunks), low))
         key = plan.model.key + (f"|{low}" if low is not None else "")
         with fake_copies_allowed():
-            pipe = traces.pipe(key, fake.module, mb, plan.split_spec()) if traces is not None else None
+            # forward only, without a mesh: nothing reads the other stages' module trees, only their graphs
+            only = plan.rank_stages(rank) if not train and mesh is None else None
+            pipe = traces.pipe(key, fake.module, mb, plan.split_spec(), only) if traces is not None else None
         if pipe is None:
             try:
                 with fake_copies_allowed():
