@@ -41,9 +41,12 @@ docs: $(STAMP_DEV)
 docs-serve: $(STAMP_DEV)
 	NO_MKDOCS_2_WARNING=1 DISABLE_MKDOCS_2_WARNING=true $(VENV)/bin/mkdocs serve
 
-# tests/test_docs.py builds the manual with --strict too, and checks every flag is in its reference
+# tests/test_docs.py builds the manual with --strict too, and checks every flag is in its reference.
+# Two pytest-xdist workers, a test file each at a time: one process left the second core idle a quarter of the
+# time (waiting on subprocesses, servers and barriers); TEST_WORKERS=0 runs in one process.
+TEST_WORKERS ?= 2
 test: check
-	$(PY) -m pytest -q --durations=10 tests
+	$(PY) -m pytest -q --durations=10 -n $(TEST_WORKERS) --dist loadfile tests
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache build/site

@@ -58,13 +58,16 @@ def pool4():
 def shared_pool_and_profiles(pool2, tmp_path_factory):
     """Every command a test runs in this process uses the session's 2-stage pool (``lend_pool``), and every
     search or validation, here or in a subprocess, one profile cache (``$PIPESPLIT_PROFILE_DIR``): a tiny
-    model is profiled once per shape, not once per test."""
+    model is profiled once per shape, not once per test (nor once per pytest-xdist worker)."""
     import os
 
     from costmodel.types import PROFILE_DIR_ENV
     from pipeline.ranks.launch import lend_pool
 
-    os.environ[PROFILE_DIR_ENV] = str(tmp_path_factory.mktemp("profiles"))
+    # pytest-xdist's workers (make test runs two) share one cache: a shape profiled by one is read by the other
+    shared = os.environ.get("PYTEST_XDIST_WORKER") is not None
+    base = tmp_path_factory.getbasetemp()
+    os.environ[PROFILE_DIR_ENV] = str(base.parent / "profiles" if shared else tmp_path_factory.mktemp("profiles"))
     with lend_pool(pool2):
         yield
     os.environ.pop(PROFILE_DIR_ENV, None)
