@@ -1,20 +1,21 @@
 """The unsplit model's forward output made by the ranks together, from the tensors each already holds.
 
 A forward-only trial whose rank 0 does not hold the whole model compares the pipeline's output with the
-model's streamed through its finest split (``pipeline.stage.reference``): before, the last rank made every
-weight of the model, one block at a time, while the others waited (147 s of a 4-rank search's first trial of
-an 11 GiB Llama). Where every rank made its stage afresh in this trial, the ranks relay instead: each runs the
-finest split's segments that fall in its own stage, with its own stage's tensors (taken by name, not made
-again), and sends the values still to be read to the rank of the next segment. The finest split is its own
-trace, cut before every block, so the check still compares the plan's traced stages, schedule and sends with
-a computation that shares none of them; the weights are the same by name as a streamed reference would make.
-A rank that reused tensors kept from an earlier plan does not relay (the reference would then share them).
+model's streamed block by block (``pipeline.stage.reference``): the last rank made every weight of the model,
+one block at a time, while the others waited (147 s of a 4-rank search's first trial of an 11 GiB Llama).
+Where every rank made its stage afresh in this trial, the ranks relay instead: the model is split before every
+block and at each of the plan's cuts (from the worker's export, ``pipeline.models.traces``, every piece one flat
+graph), each rank runs the pieces that fall in its own stage with its own stage's tensors (taken by name, not
+made again), and sends the values still to be read to the rank of the next piece. The check then compares the
+plan's stages (torch's unflattened modules, its schedule, its sends) with a computation that shares only the
+export and the weights by name with them, as the streamed reference did. A rank that reused tensors kept from
+an earlier plan does not relay (the reference would then share them); nor does a plan cut after a module.
 """
 
 from __future__ import annotations
 
 import gc
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -23,37 +24,39 @@ from torch import fx
 from torch.utils._pytree import tree_map
 
 from pipeline.core.plan import SplitPlan
-from pipeline.models.batch import Batch
+from pipeline.models.batch import Batch, first_chunk
 from pipeline.models.candidates import find_candidates
+from pipeline.models.fake import fake_copies_allowed, fake_model
 from pipeline.models.kept import KeptTensors
 from pipeline.models.meta import MetaModel
+from pipeline.models.weights import module_tensors
 from pipeline.stage.build import name_in
-from pipeline.stage.checks import finest_split
 from pipeline.stage.precision import run_stage
 from pipeline.stage.rank import RankState
 from pipeline.stage.reference import _chunks, _first, _stage
 
-__all__ = ["Relay", "relay_output", "segment_stages", "plan_relay"]
+__all__ = ["Relay", "piece_owners", "plan_relay", "relay_output"]
 
 
-def segment_stages(fine_cuts: Sequence[str], plan_cuts: Sequence[str]) -> list[int] | None:
-    """The plan's stage of each segment of a split cut before every one of ``fine_cuts`` (segment 0 begins the
-    model, segment j begins at ``fine_cuts[j - 1]``); None where a plan cut is not among them, or repeats."""
-    at = {c: j for j, c in enumerate(fine_cuts, start=1)}
-    if len(set(plan_cuts)) != len(plan_cuts) or any(c not in at for c in plan_cuts):
-        return None
-    starts = sorted(at[c] for c in plan_cuts)
-    if [at[c] for c in plan_cuts] != starts:
-        return None  # cuts out of the model's order
-    return [sum(1 for s in starts if s <= j) for j in range(len(fine_cuts) + 1)]
+def piece_owners(can: Sequence[Sequence[bool]], first: int) -> list[int]:
+    """The rank that runs each piece (``can[r][j]``: rank ``r`` holds every tensor of piece ``j``): the rank of the
+    piece before where it can (no hand-over; ``first`` starts), else the first rank that can, else the one before
+    (which then makes the piece's few tensors it lacks: a piece with no holder costs memory, never correctness)."""
+    owners, prev = [], first
+    for j in range(len(can[0]) if can else 0):
+        if not can[prev][j]:
+            prev = next((r for r in range(len(can)) if can[r][j]), prev)
+        owners.append(prev)
+    return owners
 
 
 class Relay:
-    """The finest split and, per segment, the rank that runs it: what every rank agreed to relay."""
+    """The model split before every block and at the plan's cuts: what every rank agreed to relay."""
 
-    def __init__(self, fine: fx.GraphModule, ranks: list[int]) -> None:
+    def __init__(self, fine: fx.GraphModule, first: int) -> None:
         self.fine = fine
-        self.ranks = ranks
+        self.first = first
+        """The rank of the plan's first stage: it holds the batch and begins."""
 
 
 def _agree(flag: bool, world: int) -> bool:
@@ -65,37 +68,60 @@ def _agree(flag: bool, world: int) -> bool:
 def plan_relay(state: RankState, plan: SplitPlan, got: tuple[MetaModel, Batch] | None) -> Relay | None:
     """Before any rank builds (every rank of a forward-only torch-backend trial calls it, ``got``: its model and
     batch, None where it failed to make them): a ``Relay`` where the last rank lacks the output reference, every
-    rank holds no kept tensors (all will be made afresh) and the plan's cuts are among the finest split's; else
-    None (the last rank streams the reference, as before)."""
+    rank holds no kept tensors (all will be made afresh) and the plan cuts before modules; else None (the last
+    rank streams the reference, as before)."""
     needed = got is not None and (state.rank != plan.last_rank or state.output_ref(plan.model, None)[0] is None)
     if not _agree(needed and plan.dp_shard == 1 and not state.weights.tensors, state.world) or got is None:
         return None
     meta, x = got
-    fine, stages = None, None
+    fine = None
     try:
-        cands = find_candidates(meta, plan.model, "block")
-        stages = segment_stages(cands.cuts, [fqn for fqn, kind in plan.split_spec().items() if kind == "BEGINNING"]) \
-            if all(kind == "BEGINNING" for kind in plan.split_spec().values()) else None
-        fine = finest_split(plan, meta, x, state.device) if stages is not None else None
-        if fine is not None and len([n for n in fine.graph.nodes if n.op == "call_module"]) != len(stages or []):
-            fine = None
+        cuts = _cuts(meta, plan)
+        if cuts is not None:
+            fake = fake_model(meta, state.device)
+            with fake_copies_allowed():
+                pipe = state.traces.pipe(plan.model.key, fake.module, fake.inputs(first_chunk(x, plan.chunks)),
+                                         dict.fromkeys(cuts, "BEGINNING"), held=())
+            fine = pipe.split_gm if pipe is not None else None
     except Exception:  # noqa: BLE001 - the streamed reference is the fallback
         fine = None
-    if not _agree(fine is not None, state.world) or fine is None or stages is None:
+    if not _agree(fine is not None, state.world) or fine is None:
         return None
-    rank_of = {s: r for r in range(plan.ranks) for s in plan.rank_stages(r)}
-    return Relay(fine, [rank_of[s] for s in stages])
+    return Relay(fine, next(r for r in range(plan.ranks) if 0 in plan.rank_stages(r)))
 
 
-def _owners(graph: fx.Graph, ranks: list[int]) -> list[int]:
-    """The rank that computes each node: a segment's owner runs it and the getitems after it; the inputs are
-    everyone's (each rank has the batch), counted as the first segment's."""
-    out, seg, owner = [], 0, ranks[0]
+def _cuts(meta: MetaModel, plan: SplitPlan) -> list[str] | None:
+    """A cut before every block and at each of the plan's cuts (a cut inside a block, PiPPy's, included), in the
+    model's order; None where the plan cuts after a module (``END``)."""
+    if any(p.kind != "BEGINNING" for p in plan.split_points):
+        return None
+    cands = find_candidates(meta, plan.model, "block")
+    at = {e: i for i, e in enumerate(cands.events)}
+    every = set(cands.cuts) | {p.fqn for p in plan.split_points}
+    if any("B:" + c not in at for c in every):
+        return None
+    return sorted(every, key=lambda c: at["B:" + c])
+
+
+def _owners(graph: fx.Graph, pieces: list[int]) -> list[int]:
+    """The rank that computes each node: a piece's owner runs it and the getitems after it; the inputs are the
+    first piece's owner's."""
+    out, k, owner = [], 0, pieces[0]
     for node in graph.nodes:
         if node.op == "call_module":
-            owner, seg = ranks[seg], seg + 1
+            owner, k = pieces[k], k + 1
         out.append(owner)
     return out
+
+
+def _pieces(state: RankState, relay: Relay, name_of: Callable[[str], str]) -> list[int]:
+    """Every piece's owner, the same on every rank (each says which pieces its own tensors cover)."""
+    mine = set(state.weights.tensors)
+    can = [{name_of(n) for n, _, _ in module_tensors(relay.fine.get_submodule(str(node.target)))} <= mine
+           for node in relay.fine.graph.nodes if node.op == "call_module"]
+    every: list[Any] = [None] * state.world
+    dist.all_gather_object(every, can)
+    return piece_owners(every, relay.first)
 
 
 def _to(v: Any, device: torch.device) -> Any:
@@ -103,10 +129,11 @@ def _to(v: Any, device: torch.device) -> Any:
 
 
 def relay_output(state: RankState, plan: SplitPlan, meta: MetaModel, x: Batch, relay: Relay) -> torch.Tensor | None:
-    """Every microbatch through the finest split, each segment on its owner's rank with the tensors the rank
+    """Every microbatch through the relay's split, each piece on its owner's rank with the tensors the rank
     holds (``state.weights``); the output for the whole batch on the last rank, None elsewhere."""
     nodes = list(relay.fine.graph.nodes)
-    owners = _owners(relay.fine.graph, relay.ranks)
+    name_of = name_in(meta)
+    owners = _owners(relay.fine.graph, _pieces(state, relay, name_of))
     last_use: dict[fx.Node, int] = {}
     for i, n in enumerate(nodes):
         for a in n.all_input_nodes:
@@ -115,8 +142,7 @@ def relay_output(state: RankState, plan: SplitPlan, meta: MetaModel, x: Batch, r
     envs: list[dict[fx.Node, Any]] = [{} for _ in mbs]
     placeholders = [n for n in nodes if n.op == "placeholder"]
     own = KeptTensors()
-    own.tensors = dict(state.weights.tensors)  # a view: a tensor the stage lacks (a tied copy) is made here only
-    name_of = name_in(meta)
+    own.tensors = dict(state.weights.tensors)  # a view: a tensor the stage lacks is made here only, and let go
     outs: list[Any] = [None] * len(mbs)
     for i, node in enumerate(nodes):
         if i > 0 and owners[i] != owners[i - 1]:
