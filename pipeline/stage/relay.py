@@ -103,14 +103,14 @@ def _cuts(meta: MetaModel, plan: SplitPlan) -> list[str] | None:
     return sorted(every, key=lambda c: at["B:" + c])
 
 
-def _owners(graph: fx.Graph, pieces: list[int]) -> list[int]:
+def _owners(graph: fx.Graph, pieces: list[int], last: int) -> list[int]:
     """The rank that computes each node: a piece's owner runs it and the getitems after it; the inputs are the
-    first piece's owner's."""
+    first piece's owner's, the output the last stage's rank's (``last``: where the check reads it)."""
     out, k, owner = [], 0, pieces[0]
     for node in graph.nodes:
         if node.op == "call_module":
             owner, k = pieces[k], k + 1
-        out.append(owner)
+        out.append(last if node.op == "output" else owner)
     return out
 
 
@@ -133,7 +133,7 @@ def relay_output(state: RankState, plan: SplitPlan, meta: MetaModel, x: Batch, r
     holds (``state.weights``); the output for the whole batch on the last rank, None elsewhere."""
     nodes = list(relay.fine.graph.nodes)
     name_of = name_in(meta)
-    owners = _owners(relay.fine.graph, _pieces(state, relay, name_of))
+    owners = _owners(relay.fine.graph, _pieces(state, relay, name_of), plan.last_rank)
     last_use: dict[fx.Node, int] = {}
     for i, n in enumerate(nodes):
         for a in n.all_input_nodes:
