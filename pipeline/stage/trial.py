@@ -121,6 +121,7 @@ def run_trial(state: RankState, plan: SplitPlan, opts: TrialOptions) -> TrialRep
         try:
             made = relay_output(state, plan, got[0], got[1], relay) if got is not None else None
         except Exception as e:  # noqa: BLE001 - a rank that fails here fails the trial with its reason
+            _let_go(stage)  # (a rank still waiting on its hand-over ends with the trial's timeout)
             return ErrorReply(rank=rank, error=f"rank {rank} could not relay the reference output: {one_line(e)}")
         if made is not None:
             state.output_ref(plan.model, lambda: made, "relayed")
