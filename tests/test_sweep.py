@@ -19,7 +19,7 @@ POLICIES = ("pippy-equal-size", "uniform", "params-balanced", "time-balanced", "
 @pytest.fixture(scope="module")
 def swept(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("sweep")
-    argv = [*TINY_VIT_ARGS, "--stages", "2", "3", "--chunks", "1,2", "--trials", "1", "--repeats", "1",
+    argv = [*TINY_VIT_ARGS, "--stages", "2", "3", "--chunks", "2", "--trials", "1", "--repeats", "1",
             "--min-trial-seconds", "0", "--confirm-rounds", "1", "--threads-per-stage", "1", "--no-progress", "--seed", "1",
             "--storage", f"sqlite:///{tmp}/optuna.db", "--results-dir", str(tmp), "--name", "sw"]
     assert main(argv) == 0
