@@ -25,7 +25,7 @@ from pipeline.models.weights import empty_copy, materialise_module
 from pipeline.stage.precision import run_stage
 from pipeline.stage.training import Reference, loss_fn
 
-__all__ = ["trim_heap", "release", "streamed_output", "streamed_step"]
+__all__ = ["trim_heap", "release", "step_node", "streamed_output", "streamed_step"]
 
 
 def _stage(split_gm: fx.GraphModule, target: str, meta: MetaModel, device: torch.device, name_of: Callable[[str], str],
@@ -72,19 +72,26 @@ def _forward(split_gm: fx.GraphModule, meta: MetaModel, x: Batch, chunks: int, d
                     env[node] = run_stage(mod, mp, sharded, device, *fx.node.map_arg(node.args, env.__getitem__),
                                           **fx.node.map_arg(node.kwargs, env.__getitem__))
             release(mod)
-        for c, env in enumerate(envs):
-            if node.op == "placeholder":
-                env[node] = mbs[c][placeholders.index(node)]
-            elif node.op == "call_function":
-                env[node] = node.target(*fx.node.map_arg(node.args, env.__getitem__),
-                                        **fx.node.map_arg(node.kwargs, env.__getitem__))
-            elif node.op == "output":
-                outs[c] = fx.node.map_arg(node.args[0], env.__getitem__)
-            if not keep:
-                for a in node.all_input_nodes:
-                    if last_use.get(a) == i:
-                        env.pop(a, None)
+        step_node(node, i, envs, mbs, placeholders, outs, None if keep else last_use)
     return outs, envs
+
+
+def step_node(node: fx.Node, i: int, envs: list[dict[fx.Node, Any]], mbs: list[Batch], placeholders: list[fx.Node],
+              outs: list[Any], last_use: dict[fx.Node, int] | None) -> None:
+    """Node ``i`` of a split's root graph on every microbatch, a stage call aside (an input, a getitem, the
+    output); the values it read last freed (``last_use`` None: every value kept)."""
+    for c, env in enumerate(envs):
+        if node.op == "placeholder":
+            env[node] = mbs[c][placeholders.index(node)]
+        elif node.op == "call_function":
+            fn: Any = node.target
+            env[node] = fn(*fx.node.map_arg(node.args, env.__getitem__), **fx.node.map_arg(node.kwargs, env.__getitem__))
+        elif node.op == "output":
+            outs[c] = fx.node.map_arg(node.args[0], env.__getitem__)
+        if last_use is not None:
+            for a in node.all_input_nodes:
+                if last_use.get(a) == i:
+                    env.pop(a, None)
 
 
 def streamed_output(split_gm: fx.GraphModule, meta: MetaModel, x: Batch, chunks: int, device: torch.device,

@@ -33,7 +33,7 @@ from pipeline.models.weights import module_tensors
 from pipeline.stage.build import name_in
 from pipeline.stage.precision import run_stage
 from pipeline.stage.rank import RankState
-from pipeline.stage.reference import _chunks, _first, _stage
+from pipeline.stage.reference import _chunks, _first, _stage, step_node
 
 __all__ = ["Relay", "piece_owners", "plan_relay", "relay_output"]
 
@@ -158,17 +158,7 @@ def relay_output(state: RankState, plan: SplitPlan, meta: MetaModel, x: Batch, r
             for m in mod.modules():
                 m._parameters.clear()
                 m._buffers.clear()
-        for c, env in enumerate(envs):
-            if node.op == "placeholder":
-                env[node] = mbs[c][placeholders.index(node)]
-            elif node.op == "call_function":
-                env[node] = node.target(*fx.node.map_arg(node.args, env.__getitem__),
-                                        **fx.node.map_arg(node.kwargs, env.__getitem__))
-            elif node.op == "output":
-                outs[c] = fx.node.map_arg(node.args[0], env.__getitem__)
-            for a in node.all_input_nodes:
-                if last_use.get(a) == i:
-                    env.pop(a, None)
+        step_node(node, i, envs, mbs, placeholders, outs, last_use)
     del own
     gc.collect()  # the segments' traced modules refer to each other in cycles
     if state.rank != owners[-1]:
