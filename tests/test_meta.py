@@ -116,3 +116,24 @@ def test_a_model_whose_code_cannot_run_on_meta_is_built_whole_with_one_line(tmp_
     assert meta.module.a.weight.is_meta
     got = meta.materialise(["a.weight"], torch.device("cpu"))["a.weight"]
     assert torch.equal(got, _eager(spec).a.weight.detach())
+
+
+@pytest.mark.parametrize("name, source, kwargs", FAMILIES)
+def test_a_replay_skips_the_draws_a_later_op_overwrites_whole_and_every_value_stays(name, source, kwargs):
+    """HF's ``normal_`` after ``nn.Linear``'s ``kaiming_uniform_``, timm's trunc-normal after the default
+    init: the first draw is dead, and skipping it changes no tensor (each draw keeps its own generator)."""
+    from pipeline.models.meta import _Replay, _view
+
+    meta = build_meta_model(_spec(name, source, kwargs))
+    names = [n for n, t in meta.tensors.items() if t.is_meta]
+    keys = {storage_key(meta.tensors[n]) for n in names}
+    made, draws = {}, {}
+    for prune in (False, True):
+        replay = _Replay(meta, torch.device("cpu"), prune)
+        real = replay.run(set(keys))
+        made[prune] = {n: _view(real, meta.tensors[n], torch.device("cpu")) for n in names}
+        draws[prune] = replay.draws
+    assert all(torch.equal(made[False][n], made[True][n]) for n in names)
+    assert draws[True] <= draws[False]
+    if source != "factory":  # every family here initialises a weight twice
+        assert draws[True] < draws[False]

@@ -15,7 +15,6 @@ from __future__ import annotations
 import copy
 import hashlib
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -23,6 +22,8 @@ from torch import nn
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_map
+
+from pipeline.models.program import Op, Ref, replay_slice
 
 __all__ = ["MetaModel", "build_meta", "from_eager", "storage_key"]
 
@@ -32,34 +33,9 @@ def storage_key(t: torch.Tensor) -> int:
     return int(t.untyped_storage()._cdata)
 
 
-@dataclass(frozen=True)
-class _Ref:
-    """A meta tensor as an op saw it: ``param.data = ...`` (``Module.to``) later changes the same tensor
-    object's storage and dtype in place, so the op keeps what it was then."""
-
-    key: int
-    dtype: torch.dtype
-    shape: tuple[int, ...]
-    stride: tuple[int, ...]
-    offset: int
-    nbytes: int
-
-
-def _ref(t: torch.Tensor) -> _Ref:
-    return _Ref(key=storage_key(t), dtype=t.dtype, shape=tuple(t.shape), stride=tuple(t.stride()),
+def _ref(t: torch.Tensor) -> Ref:
+    return Ref(key=storage_key(t), dtype=t.dtype, shape=tuple(t.shape), stride=tuple(t.stride()),
                 offset=int(t.storage_offset()), nbytes=t.untyped_storage().nbytes())
-
-
-@dataclass
-class _Op:
-    func: Any
-    args: tuple[Any, ...]
-    kwargs: dict[str, Any]
-    out: Any
-    reads: frozenset[int]
-    writes: frozenset[int]
-    random: bool
-    inplace: bool = False
 
 
 def _tensors(tree: Any) -> list[torch.Tensor]:
@@ -82,7 +58,7 @@ class _Recorder(TorchDispatchMode):  # type: ignore[no-untyped-call]
 
     def __init__(self) -> None:
         super().__init__()  # type: ignore[no-untyped-call]
-        self.ops: list[_Op] = []
+        self.ops: list[Op] = []
         self.pins: list[torch.UntypedStorage] = []
         """Every meta storage an op saw, kept alive so that no later one takes its identity."""
 
@@ -99,7 +75,7 @@ class _Recorder(TorchDispatchMode):  # type: ignore[no-untyped-call]
         metas = [t for t in ins if t.is_meta]
         written = [t for t in _mutated(func, args, kwargs) if t.is_meta] + [t for t in _tensors(out) if t.is_meta]
         schema = func._schema.arguments
-        self.ops.append(_Op(func=func, args=tree_map(self.snap, args), kwargs=tree_map(self.snap, kwargs),
+        self.ops.append(Op(func=func, args=tree_map(self.snap, args), kwargs=tree_map(self.snap, kwargs),
                             out=tree_map(self.snap, out), random=any(a.name == "generator" for a in schema),
                             inplace=bool(schema and schema[0].alias_info is not None and schema[0].alias_info.is_write),
                             reads=frozenset(storage_key(t) for t in metas),
@@ -123,7 +99,7 @@ class _Data(TorchFunctionMode):
         out = func(*args, **kwargs)
         if func in _DATA and isinstance(out, torch.Tensor) and out.is_meta \
                 and not any(isinstance(t, torch.Tensor) and t.is_meta for t in _tensors((args, kwargs))):
-            self.recorder.ops.append(_Op(func=func, args=args, kwargs=kwargs, out=self.recorder.snap(out),
+            self.recorder.ops.append(Op(func=func, args=args, kwargs=kwargs, out=self.recorder.snap(out),
                                          random=False, reads=frozenset(), writes=frozenset({storage_key(out)})))
         return out
 
@@ -131,7 +107,7 @@ class _Data(TorchFunctionMode):
 class MetaModel:
     """A model on the meta device, the program that built it, and every parameter and buffer by name."""
 
-    def __init__(self, module: nn.Module, ops: list[_Op], seed: int,
+    def __init__(self, module: nn.Module, ops: list[Op], seed: int,
                  given: Callable[[str], torch.Tensor | None] | None = None) -> None:
         self.module = module
         self.seed = seed
@@ -150,6 +126,23 @@ class MetaModel:
         for name, t in [*module.named_parameters(remove_duplicate=False), *module.named_buffers(remove_duplicate=False)]:
             self.tensors.setdefault(name, t)
         self._names = self._storage_names()
+        self._draw_keys = self._draw_keys_of_ops()
+
+    def _draw_keys_of_ops(self) -> dict[int, str]:
+        """Per random op, the key of its generator: (seed, the name it fills, how many random ops of the whole
+        program filled that name before it), so that a replay that skips a draw another overwrites whole
+        leaves every other draw's values as they are."""
+        keys: dict[int, str] = {}
+        count: dict[str, int] = {}
+        for i, op in enumerate(self._ops):
+            if not op.random:
+                continue
+            filled = list(op.writes)
+            name = self._names.get(filled[0], f"#op{i}") if len(filled) == 1 else f"#op{i}"
+            k = count.get(name, 0)
+            count[name] = k + 1
+            keys[i] = f"{self.seed}/{name}/{k}"
+        return keys
 
     def _storage_names(self) -> dict[int, str]:
         """Each storage's name: its tensor's first name, passed back through the ops that copied it (a
@@ -204,21 +197,16 @@ def _view(real: dict[int, torch.UntypedStorage], meta: torch.Tensor, device: tor
 class _Replay:
     """The ops that wrote some storages, run again in order on a real device."""
 
-    def __init__(self, model: MetaModel, device: torch.device) -> None:
+    def __init__(self, model: MetaModel, device: torch.device, prune: bool = True) -> None:
         self.model = model
         self.device = device
+        self.prune = prune
         self.real: dict[int, torch.UntypedStorage] = {}
-        self.draws: dict[str, int] = {}
+        self.draws = 0
+        """Random ops run (a test counts the draws a pruned replay skips)."""
 
-    def _slice(self, needed: set[int]) -> list[tuple[int, _Op]]:
-        keep: list[tuple[int, _Op]] = []
-        for i in range(len(self.model._ops) - 1, -1, -1):
-            op = self.model._ops[i]
-            if op.writes & needed:
-                keep.append((i, op))
-                needed |= op.reads
-        keep.reverse()
-        return keep
+    def _slice(self, needed: set[int]) -> list[tuple[int, Op]]:
+        return replay_slice(self.model._ops, needed, self.prune)
 
     def run(self, targets: set[int]) -> dict[int, torch.UntypedStorage]:
         ops = self._slice(set(targets))
@@ -234,7 +222,7 @@ class _Replay:
         return {k: self.real[k] for k in targets}
 
     def _arg(self, v: Any) -> Any:
-        if isinstance(v, _Ref):
+        if isinstance(v, Ref):
             if v.key not in self.real:  # made where no op was recorded: its bytes must be written before use
                 self.real[v.key] = torch.zeros(v.nbytes, dtype=torch.uint8, device=self.device).untyped_storage()
             t = torch.empty(0, dtype=v.dtype, device=self.device)
@@ -243,7 +231,7 @@ class _Replay:
             return self.device
         return v
 
-    def _run(self, index: int, op: _Op) -> None:
+    def _run(self, index: int, op: Op) -> None:
         args = tree_map(self._arg, op.args)
         kwargs = tree_map(self._arg, op.kwargs)
         if op.random:
@@ -252,21 +240,20 @@ class _Replay:
             out = op.func(*args, **{**kwargs, "device": "cpu"}).to(self.device)
         else:
             out = op.func(*args, **kwargs)
-        refs = [v for v in tree_flatten(op.out)[0] if isinstance(v, (_Ref, torch.Tensor))]
+        refs = [v for v in tree_flatten(op.out)[0] if isinstance(v, (Ref, torch.Tensor))]
         for m, r in zip(refs, _tensors(out), strict=False):
-            if isinstance(m, _Ref) and m.key not in self.real:
+            if isinstance(m, Ref) and m.key not in self.real:
                 self.real[m.key] = r.untyped_storage()
 
-    def _draw(self, index: int, op: _Op, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    def _draw(self, index: int, op: Op, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """A random op on a CPU generator of its own: (seed, the name it fills, its count on that name)."""
-        filled = [w for w in op.writes]
-        name = self.model._names.get(filled[0], f"#op{index}") if len(filled) == 1 else f"#op{index}"
-        k = self.draws.get(name, 0)
-        self.draws[name] = k + 1
-        digest = hashlib.sha256(f"{self.model.seed}/{name}/{k}".encode()).digest()
+        self.draws += 1
+        digest = hashlib.sha256(self.model._draw_keys[index].encode()).digest()
         g = torch.Generator().manual_seed(int.from_bytes(digest[:8], "little") & ((1 << 63) - 1))
         if op.inplace:  # normal_, uniform_: draw into a CPU twin, then copy
             dst = args[0]
+            if dst.device.type == "cpu" and dst.is_contiguous():  # the twin's own layout: the same values
+                return op.func(dst, *args[1:], **{**kwargs, "generator": g})
             twin = torch.empty(dst.shape, dtype=dst.dtype)
             op.func(twin, *args[1:], **{**kwargs, "generator": g})
             with torch.no_grad():
