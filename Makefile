@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 STAMP_DEV := $(VENV)/.installed-dev
 
-.PHONY: optimize test check docs docs-serve install install-dev clean
+.PHONY: optimize test check bytecode docs docs-serve install install-dev clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -25,7 +25,7 @@ $(STAMP_DEV): pyproject.toml $(STAMP)
 install: $(STAMP)
 install-dev: $(STAMP_DEV)
 
-optimize: $(STAMP)
+optimize: $(STAMP) bytecode
 	$(PY) -m search.optimize --stages 4
 
 # the code checks: layers that import only downward (import-linter), lint (ruff), types (mypy)
@@ -45,8 +45,15 @@ docs-serve: $(STAMP_DEV)
 # Two pytest-xdist workers, a test file each at a time: one process left the second core idle a quarter of the
 # time (waiting on subprocesses, servers and barriers); TEST_WORKERS=0 runs in one process.
 TEST_WORKERS ?= 2
-test: check
+test: check bytecode
 	$(PY) -m pytest -q --durations=10 -n $(TEST_WORKERS) --dist loadfile tests
+
+# Our modules' bytecode, written once: where PYTHONDONTWRITEBYTECODE is set (as on our CI machines) every
+# interpreter a run starts (the driver, each forkserver, each torchrun rank, each CLI a test runs) would
+# otherwise compile them from source again; Python still recompiles any file edited since.
+bytecode: $(STAMP)
+	$(PY) -m compileall -q -j 0 pipeline search costmodel tests benchmarks
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache build/site
+	find pipeline search costmodel tests benchmarks -name __pycache__ -type d -prune -exec rm -rf {} +
