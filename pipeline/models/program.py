@@ -28,6 +28,9 @@ class Ref:
 
 @dataclass
 class Op:
+    """One aten op the constructor ran: what it read and wrote (storage keys), so a replay runs only what a
+    tensor needs; whether it draws (its generator is then keyed by the tensor's name)."""
+
     func: Any
     args: tuple[Any, ...]
     kwargs: dict[str, Any]
