@@ -196,7 +196,7 @@ def release(mod: nn.Module) -> None:
                 storages.append(StorageWeakRef(t.untyped_storage()))  # type: ignore[no-untyped-call]
         m._parameters.clear()
         m._buffers.clear()
-    t = None
+    t = None  # the loop's last tensor would otherwise keep its storage alive past the check below
     if held >= GC_BYTES:  # a full collection costs 0.1-0.4 s with torch loaded: worth it for a big stage only
         if any(not s.expired() for s in storages):  # type: ignore[no-untyped-call]
             gc.collect()
