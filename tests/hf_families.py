@@ -105,18 +105,6 @@ def sweep(model_types: list[str]) -> dict[str, tuple[str, str]]:
     return out
 
 
-def sweep_parallel(model_types: list[str], workers: int = 2) -> dict[str, tuple[str, str]]:
-    """``sweep`` split over ``workers`` fresh interpreters (each family is built and traced alone, single-threaded
-    Python: the cores share the families out); the same table."""
-    import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor
-
-    shares = [model_types[k:k + 6] for k in range(0, len(model_types), 6)]  # small shares: the slow families spread
-    with ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn")) as ex:
-        parts = list(ex.map(sweep, shares))
-    return {mt: part[mt] for part in parts for mt in part}
-
-
 def main() -> None:
     """Print the sweep's table: each family, its verdict and why."""
     for mt, (verdict, detail) in sorted(sweep(causal_lm_types()).items()):

@@ -134,9 +134,12 @@ def test_every_causal_lm_family_that_builds_and_runs_is_cut_at_its_blocks():
     """transformers' causal-LM families at tiny sizes: every one that builds and runs on token ids has its
     stacked blocks as candidates (a wrapper never called, Blenderbot's and OPT's decoder-only ``model``, and
     a hybrid stack of mixed layer types included); the rest are named with the reason."""
-    from tests.hf_families import causal_lm_types, sweep_parallel
+    from tests.hf_families import causal_lm_types, sweep
 
-    table = sweep_parallel(causal_lm_types())  # python -c "from tests.hf_families import main; main()" prints it
+    # In this process, one family after another: two spawned interpreters (each importing torch and transformers,
+    # their loggers not quieted) took ~64 CPU-s for what this takes in ~47, and make test's other worker has the
+    # second core. python -c "from tests.hf_families import main; main()" prints the table.
+    table = sweep(causal_lm_types())
     ok = {mt for mt, (v, _) in table.items() if v == "ok"}
     assert FAMILIES_EVERYONE_USES <= ok, {mt: table[mt] for mt in FAMILIES_EVERYONE_USES - ok}
     for mt in ok:
