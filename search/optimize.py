@@ -199,6 +199,7 @@ def run_study(cfg: SearchConfig, *, references: bool = False) -> StudyRun:
     from pipeline.core.atomic import check_writable
     from pipeline.models.build import build_meta_model
     from pipeline.models.candidates import find_candidates
+    from pipeline.peers.remembered import RememberedRules
     from pipeline.ranks.hosts import default_threads, resolve_device
     from pipeline.ranks.launch import open_pool
     from pipeline.ranks.pooling import references_in
@@ -325,7 +326,8 @@ def run_study(cfg: SearchConfig, *, references: bool = False) -> StudyRun:
                             progress=cfg.progress, metric=metric, memory_objective=two,
                             device_memory=cfg.device_memory, memory_of=fit.memory_of,
                             first_runtime=fit.first_runtime, lean_cuts=fit.lean_cuts,
-                            artifacts=artifacts, budget=trials, check_first_repeat=check_on_first_repeat(serial_s))
+                            artifacts=artifacts, budget=trials, check_first_repeat=check_on_first_repeat(serial_s),
+                            peer_rules=RememberedRules(folder=cfg.profiles))
         model_best = [PlanPoint(cuts=p.cuts, chunks=p.chunks, layout=k) for k, lay in enumerate(space.layouts)
                       for p in ranked(prof, stages * lay.per_rank, list(lay.chunks))]
         limit = cfg.device_memory

@@ -12,6 +12,7 @@ from pipeline.core.plan import SplitPoint
 from pipeline.core.policies import nearest_boundaries
 from pipeline.models.candidates import Candidates
 from pipeline.peers.registry import DEFAULT_RULES, PIPPY, POLICIES
+from pipeline.peers.remembered import RememberedRules
 from search.plans.space import PlanPoint, PlanSpace
 
 __all__ = ["Seed", "forward_starts", "layout_seeds", "frameworks_line", "seeds", "unseeded_frameworks"]
@@ -35,7 +36,8 @@ def _best_chunks(profile: Profile, cuts: list[int], chunks: list[int]) -> int:
     return min((m for m in chunks if profile.batch_size % m == 0), key=lambda m: simulate(profile, cuts, m).makespan_s)
 
 
-def seeds(profile: Profile, cands: Candidates, stages: int, chunks: list[int], *, policies: bool = True) -> list[Seed]:
+def seeds(profile: Profile, cands: Candidates, stages: int, chunks: list[int], *, policies: bool = True,
+          rules: RememberedRules = RememberedRules(folder=None)) -> list[Seed]:
     """PiPPy equal-size first (the lab's baseline), then the cost model's best two, then each training
     framework's default rule (torchtitan, Megatron-Core, DeepSpeed: what its user gets) where it applies and
     is installed, then (``policies``) the other reference policies: a sweep reports every policy; a search
@@ -44,7 +46,7 @@ def seeds(profile: Profile, cands: Candidates, stages: int, chunks: list[int], *
     Every reference runs at the chunk count that the cost model predicts best for its own cuts, as the
     lab tuned PiPPy's chunks by hand: a baseline at a chunk count that suits another split would flatter
     the winner. PiPPy may cut mid-block; its chunk count is chosen for the block cuts nearest to its cuts
-    by parameter share.
+    by parameter share. ``rules``: where the frameworks' answers are remembered (``pipeline.peers.remembered``).
     """
     best = ranked(profile, stages, chunks)
     m = best[0].chunks
@@ -69,7 +71,7 @@ def seeds(profile: Profile, cands: Candidates, stages: int, chunks: list[int], *
         if pol.on_units or not (policies or pol.default_rule):
             continue
         try:
-            cuts = pol.cuts(inputs, stages)
+            cuts = rules.cuts(pol, inputs, stages)
         except ValueError:  # a framework's rule that does not apply to this model, or refuses this many stages
             continue
         out.append(Seed(source=name, chunks=_best_chunks(profile, cuts, chunks), cuts=tuple(cuts)))
@@ -82,14 +84,15 @@ def seeds(profile: Profile, cands: Candidates, stages: int, chunks: list[int], *
     return list(merged.values())
 
 
-def unseeded_frameworks(cands: Candidates, stages: int) -> dict[str, str]:
+def unseeded_frameworks(cands: Candidates, stages: int,
+                        rules: RememberedRules = RememberedRules(folder=None)) -> dict[str, str]:
     """Why a framework's default rule gives the search no seed here (not installed, no single stack of layers,
     a stage count the framework refuses), by rule name: the search prints it in one line."""
     inputs = cands.policy_inputs()
     out = {}
     for name in DEFAULT_RULES:
         try:
-            POLICIES[name].cuts(inputs, stages)
+            rules.cuts(POLICIES[name], inputs, stages)
         except ValueError as e:
             out[name] = str(e)
     return out

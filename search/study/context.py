@@ -20,6 +20,7 @@ from pipeline.core.result import TrialResult
 from pipeline.core.sharding import pp_rank_of
 from pipeline.core.spec import ModelSpec
 from pipeline.models.candidates import Candidates
+from pipeline.peers.remembered import RememberedRules
 from pipeline.ranks.pooling import Pool
 from pipeline.stage.orders import schedule_order
 from search.plans.memory import learned_runtime, predicted_over, with_runtime
@@ -94,6 +95,8 @@ class SearchContext:
     """The block cuts whose largest rank needs least memory (``--device-memory``): where the memory-feasible
     optimum is searched from when the fastest plans do not fit."""
     """The runtime memory a rank is predicted to hold before any trial has measured one."""
+    peer_rules: RememberedRules = RememberedRules(folder=None)
+    """Where the frameworks' rules' answers are remembered (the profile cache): their seeds without their imports."""
     artifacts: Any = None
     """An Optuna artifact store: every measured trial's timeline PNG is uploaded to it (dashboard shows it)."""
     budget: int | None = None

@@ -69,8 +69,9 @@ def seed_study(ctx: SearchContext, *, policies: bool = False) -> None:
     forward model's); ``policies`` adds every reference policy (``search.sweep`` reports them all)."""
     if ctx.study.user_attrs.get("seeded"):
         return
-    first = seeds(ctx.profile, ctx.cands, ctx.stages, list(ctx.space.layout_chunks(0)), policies=policies)
-    missing = unseeded_frameworks(ctx.cands, ctx.stages)
+    first = seeds(ctx.profile, ctx.cands, ctx.stages, list(ctx.space.layout_chunks(0)), policies=policies,
+                  rules=ctx.peer_rules)
+    missing = unseeded_frameworks(ctx.cands, ctx.stages, ctx.peer_rules)
     if missing:
         ctx.study.set_user_attr("frameworks_unseeded", missing)
         if ctx.progress:
