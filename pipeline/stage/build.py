@@ -18,7 +18,7 @@ from pipeline.models.batch import Batch, first_chunk
 from pipeline.models.fake import fake_copies_allowed, fake_model, module_copy
 from pipeline.models.kept import KeptTensors
 from pipeline.models.meta import MetaModel
-from pipeline.models.traces import TraceCache
+from pipeline.models.traces import TraceCache, compile_now
 from pipeline.models.weights import empty_copy, materialise_module, module_tensors, whole_model
 from pipeline.stage.mesh import MeshView, local_bytes, shard_stage
 from pipeline.stage.patches import _contiguous, _no_self_warmup, contiguous_receives, use_codegen
@@ -181,6 +181,7 @@ def _build_torch(plan: SplitPlan, meta: MetaModel, x: Batch, rank: int, device: 
         if mixed(plan.model) and mesh is None:  # sent into the float32 buffers the trace gave the peers
             st.submod.register_forward_hook(float_outputs)
         st.submod.register_forward_hook(_contiguous)
+        compile_now(st.submod)  # a stage cut from a cached export: any code torch's split left to generate
         _record(st, log)
     cls = get_schedule_class(plan.schedule)
     loss = loss_fn if train else None
