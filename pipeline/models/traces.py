@@ -185,7 +185,8 @@ def compile_now(module: nn.Module) -> None:
     from torch.fx._lazy_graph_module import _LazyGraphModule
 
     for m in module.modules():
-        _LazyGraphModule.force_recompile(m)
+        if isinstance(m, _LazyGraphModule):
+            m.real_recompile()
 
 
 class TraceCache:
