@@ -9,6 +9,22 @@ def test_the_model_is_built_once_per_spec(tiny_spec):
     assert state.model(tiny_spec) is a and list(state.models) == [tiny_spec.key]
 
 
+def test_the_batch_is_drawn_once_per_model_and_each_trial_gets_its_own_copy(tiny_spec, monkeypatch):
+    import torch
+
+    from pipeline.models.batch import example_input
+    from pipeline.stage import rank
+
+    draws = []
+    monkeypatch.setattr(rank, "example_input", lambda spec, device: draws.append(spec.key) or example_input(spec, device))
+    state = RankState(0, WorkerConfig(world_size=2, device="cpu", init_method="tcp://127.0.0.1:1", timeout_s=1))
+    first = state.batch(tiny_spec)
+    assert all(torch.equal(a, b) for a, b in zip(first, example_input(tiny_spec)))
+    first[0].zero_()  # a model that writes into its input
+    again = state.batch(tiny_spec)
+    assert all(torch.equal(a, b) for a, b in zip(again, example_input(tiny_spec))) and draws == [tiny_spec.key]
+
+
 def test_one_line_keeps_the_type_and_first_line():
     assert one_line(ValueError("bad\nsecond line")) == "ValueError: bad"
 

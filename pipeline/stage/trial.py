@@ -27,7 +27,7 @@ import torch.distributed as dist
 from pipeline.core.errors import PipesplitError, one_line
 from pipeline.core.plan import SplitPlan
 from pipeline.core.result import OutputCheck
-from pipeline.models.batch import Batch, example_input
+from pipeline.models.batch import Batch
 from pipeline.models.meta import MetaModel
 from pipeline.models.weights import whole_model
 from pipeline.stage.build import BuiltStage, build_stage, other_backend
@@ -78,7 +78,7 @@ def run_trial(state: RankState, plan: SplitPlan, opts: TrialOptions) -> TrialRep
             mesh = mesh_view(rank, plan.ranks, plan.dp_shard, state.device, plan.mesh_order)
             pp_rank = mesh.pp_rank
         meta = state.model(plan.model)
-        x = example_input(plan.model, state.device)
+        x = state.batch(plan.model)
         got = (meta, x)
         xs = replica_rows(x, mesh.dp_rank, mesh.dp_shard) if mesh is not None else x
         if train:
