@@ -1,7 +1,7 @@
 """The frameworks' rules' answers, remembered in a folder (a search keeps them beside its profiles).
 
 Running torchtitan's, Megatron-Core's and DeepSpeed's own split code means importing them: ~2.4 s of every
-search process here (most of a tiny search's driver), for a few integers that depend only on the model's
+search process here (a quarter of a tiny search's driver), for a few integers that depend only on the model's
 segments, the stage count, the framework's version and our mapping code. So each answer (the cuts, or the
 framework's refusal) is written down the first time that framework's code gives it, keyed by all of those,
 and read back after: no figure is made up, and a new framework version, a new model or an edited
