@@ -11,6 +11,7 @@ must take effect), nor is a file that cannot be read trusted (it is asked again 
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 from dataclasses import dataclass
@@ -38,6 +39,7 @@ def framework_version(framework: str) -> str | None:
         return None
 
 
+@functools.cache
 def _our_code() -> str:
     """Our mapping of each framework's answer onto cuts, as it is now: an edit asks the frameworks again."""
     return hashlib.sha256(Path(rules.__file__).read_bytes()).hexdigest()[:16]
