@@ -30,6 +30,7 @@ from typing import Any
 
 import torch
 from torch import fx, nn
+from torch.fx._lazy_graph_module import _LazyGraphModule, _use_lazy_graph_module
 
 from pipeline.models.batch import Batch
 from pipeline.models.fake import module_copy
@@ -128,8 +129,6 @@ class _Unlifted:
         self.unlifted = exported.module(check_guards=False)
 
     def module(self, check_guards: bool = False) -> fx.GraphModule:
-        from torch.fx._lazy_graph_module import _LazyGraphModule
-
         # its code is never run (torch splits its graph): generated only if something asks (``_lazily``)
         gm = _LazyGraphModule(self.unlifted, copy.deepcopy(self.unlifted.graph))
         if not logging.getLogger("torch.distributed.pipelining._IR").isEnabledFor(logging.DEBUG):
@@ -153,8 +152,6 @@ def _outlining(held: Collection[int] | None) -> Iterator[None]:
         i, seen[0] = seen[0], seen[0] + 1
         if i in held:
             return outline(graph)
-        from torch.fx._lazy_graph_module import _LazyGraphModule
-
         flat = _LazyGraphModule(nn.Module(), graph)  # never run on this rank: its code generated only if asked
         setattr(flat, FLAT, True)
         return flat
@@ -173,8 +170,6 @@ def _lazily() -> Iterator[None]:
     then each stage's again, and most are replaced or never run: DeiT-S, microbatch 4, one thread, median of 40
     splits 0.19 -> 0.085 s). The stage modules a rank runs are outlined into eager modules; ``compile_now``
     makes sure of it before any timing."""
-    from torch.fx._lazy_graph_module import _use_lazy_graph_module
-
     with _use_lazy_graph_module(True):
         yield
 
@@ -182,8 +177,6 @@ def _lazily() -> Iterator[None]:
 def compile_now(module: nn.Module) -> None:
     """Generate the code of every lazily compiled graph module in ``module`` now, so that a stage's first
     timed run does not."""
-    from torch.fx._lazy_graph_module import _LazyGraphModule
-
     for m in module.modules():
         if isinstance(m, _LazyGraphModule):
             m.real_recompile()

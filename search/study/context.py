@@ -91,10 +91,10 @@ class SearchContext:
     memory_of: Callable[[SplitPlan], MemoryPrediction] | None = None
     """Each plan's per-rank peak from the model on meta, without the runtime's own (None without a limit)."""
     first_runtime: int = 0
+    """The runtime memory a rank is predicted to hold before any trial has measured one."""
     lean_cuts: tuple[int, ...] = ()
     """The block cuts whose largest rank needs least memory (``--device-memory``): where the memory-feasible
     optimum is searched from when the fastest plans do not fit."""
-    """The runtime memory a rank is predicted to hold before any trial has measured one."""
     peer_rules: RememberedRules = RememberedRules(folder=None)
     """Where the frameworks' rules' answers are remembered (the profile cache): their seeds without their imports."""
     artifacts: Any = None
